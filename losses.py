@@ -1,0 +1,376 @@
+"""GRPO and three token-regulated variants, side by side.
+
+Every loss has the same signature and returns ``(loss, info)``:
+
+    loss, info = LOSSES[name](logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
+                              clip_eps=0.2, beta=0.04, agg=<default>, max_tokens=None, **params)
+
+Shapes: ``logp, old_logp, ref_logp, mask, entropy`` are ``[B, T]`` (B = prompts x group
+size, T = completion positions); ``advantages`` is ``[B]``. ``mask`` is a 0/1 float tensor:
+1 on completion tokens up to and including the first EOS, 0 on padding (built from
+positions, never from token ids: on Qwen the pad token is also an EOS token). ``logp`` carries the gradient;
+everything else is treated as a constant.
+
+The specification (equations, defaults, which parts are our reconstruction of papers whose
+exact equations we could not read) is METHODS.md; the README repeats it for learners.
+Reading order: the shared pieces (advantages, surrogate, KL, aggregation), then
+``grpo_loss`` and the three variants, each a few lines away from it.
+
+Run ``python losses.py`` for a side-by-side demo on a toy batch, ``--bench`` for timings.
+"""
+import argparse
+import time
+
+import torch
+
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+
+
+# ----------------------------------------------------------------------------------------
+# Shared pieces: written once, used by all four losses.
+
+def group_advantages(rewards, group_size, scale_std=True):
+    """A_i = (r_i - mean_group(r)) / (std_group(r) + 1e-4), rows grouped consecutively.
+
+    Rows are ``[g0 g0 g0 g1 g1 g1 ...]``: the ``group_size`` completions of one prompt are
+    adjacent. ``std`` is the sample std (N-1), as in the GRPO paper. A group whose rewards
+    are all equal carries no learning signal and gets exactly 0 (not 0/0 = NaN, and not a
+    rounding residue divided by 1e-4). ``scale_std=False`` is Dr. GRPO (no std division).
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (advantages are relative to the group), got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards must be a 1-D tensor whose length is a multiple of group_size="
+                         f"{group_size}; got shape {tuple(rewards.shape)}")
+    r = rewards.view(-1, group_size)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if scale_std:
+        adv = adv / (r.std(dim=1, keepdim=True) + 1e-4)
+    all_equal = (r == r[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(adv), adv).view(-1)
+
+
+def aggregate(x, mask, agg, max_tokens=None):
+    """Reduce a per-token quantity ``x[B, T]`` to a scalar over valid tokens.
+
+    seq-mean-token-mean (GRPO paper): each sequence counts equally; a token of a long
+        answer counts less than a token of a short one (length bias).
+    token-mean (DAPO): each token counts equally, whichever sequence it is in.
+    seq-mean-token-sum-norm (Dr. GRPO): sum over tokens / (B * max_tokens); a constant
+        denominator, so no length bias at all.
+    ``x`` must be finite at padded positions (the losses guarantee it: see ``_log_ratio``).
+    """
+    x = x * mask
+    if agg == "seq-mean-token-mean":
+        return (x.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if agg == "token-mean":
+        return x.sum() / mask.sum().clamp(min=1)
+    if agg == "seq-mean-token-sum-norm":
+        return x.sum() / (x.shape[0] * (max_tokens or x.shape[1]))
+    raise ValueError(f"unknown aggregation {agg!r}; choose one of {AGGREGATIONS}")
+
+
+def microbatch_scale(agg, mb_mask, batch_mask):
+    """Factor that makes micro-batch losses add up to the full-batch loss.
+
+    A training loop that splits a batch into micro-batches and accumulates gradients must
+    multiply each micro-batch's loss by this: rows/B for the two sequence-mean modes (with
+    ``max_tokens`` fixed for sum-norm), tokens/total tokens for token-mean. Without it the
+    gradient changes with the micro-batch size.
+    """
+    if agg == "token-mean":
+        return (mb_mask > 0).sum().item() / max((batch_mask > 0).sum().item(), 1)
+    if agg in AGGREGATIONS:
+        return mb_mask.shape[0] / batch_mask.shape[0]
+    raise ValueError(f"unknown aggregation {agg!r}; choose one of {AGGREGATIONS}")
+
+
+def clipped_surrogate(ratio, adv, clip_eps):
+    """PPO's min(ratio*A, clip(ratio)*A): the per-token policy-gradient objective.
+
+    Returns the objective and where the clip is active (the min picked the clipped,
+    gradient-free branch), for the ``clip_frac`` diagnostic.
+    """
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def k3(logp, ref_logp):
+    """k3(a, b) = exp(b - a) - (b - a) - 1 >= 0: Schulman's unbiased KL(pi || ref) estimator."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def _log_ratio(logp, old_logp, mask):
+    # log(pi / pi_old), zeroed at padding *before* exp(): padded positions may hold any
+    # finite garbage, and an exp() overflow there would turn into NaN in the backward pass
+    # (0 * inf), even if the aggregation masks the value out afterwards.
+    return (logp - old_logp) * mask
+
+
+def _kl_term(logp, ref_logp, mask, beta):
+    """Per-token k3 against the reference; zeros when there is none (beta == 0 needs none)."""
+    if ref_logp is None:
+        if beta != 0:
+            raise ValueError("beta > 0 needs ref_logp (log-probs under the frozen reference model)")
+        return torch.zeros_like(logp)
+    return k3(logp * mask, ref_logp * mask)          # zeroed at padding, for the same reason
+
+
+def _info(mask, weights, ratio, clipped, kl, **extra):
+    """Detached diagnostics, identical in every loss so the plots can compare them."""
+    mean = lambda t: (t.detach() * mask).sum() / mask.sum().clamp(min=1)
+    return {"weights": weights.detach(), "clip_frac": mean(clipped), "kl": mean(kl), "ratio_mean": mean(ratio),
+            **{k: v.detach() for k, v in extra.items()}}
+
+
+# ----------------------------------------------------------------------------------------
+# The four losses.
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
+              clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None):
+    """GRPO (Shao et al. 2024, DeepSeekMath):
+
+        J = agg_t[ min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) - beta * k3(pi_theta, pi_ref) ],
+        r_t = pi_theta(o_t|q,o_<t) / pi_old(o_t|q,o_<t)
+
+    Intuition: push up every token of an answer that beat its group, down every token of
+    one that lost, by the same advantage, trusting the update only near the old policy.
+    """
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask))
+    surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
+    kl = _kl_term(logp, ref_logp, mask, beta)
+    loss = -aggregate(surrogate - beta * kl, mask, agg, max_tokens)
+    return loss, _info(mask, torch.ones_like(logp), ratio, clipped, kl)
+
+
+def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
+    """TR-GRPO's shaping weight w(p) = clamp(alpha * (sigmoid(p / tau) - mu), w_min, w_max).
+
+    Monotone non-decreasing in the token's probability p: 1.0 for p <~ 0.12, ~1.22 at
+    p = 0.2, 1.4 for p >~ 0.4 with the defaults. [reconstruction: tau read as 1/9]
+    """
+    p = torch.exp(logp.detach())
+    return (alpha * (torch.sigmoid(p / tau) - mu)).clamp(w_min, w_max)
+
+
+def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
+                 clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None,
+                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
+    """TR-GRPO (Le et al., arXiv 2511.00066): GRPO with each token weighted by its probability.
+
+        J = agg_t[ w(p_t) * min(r_t A_i, clip(r_t) A_i) - beta * k3 ],
+        w(p) = clamp(alpha * (sigmoid(p / tau) - mu), L, U),  p_t = pi_theta(o_t).detach()
+
+    Intuition: d log p / d logit scales with (1 - p), so rare tokens get the largest
+    gradients; weighting confident tokens up evens that out and smooths the update.
+    [reconstruction] the sigmoid-clip family, its constants, tau = 1/9, w detached and
+    applied to the whole clipped surrogate (not to the KL term).
+    """
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask))
+    surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
+    w = tr_grpo_weights(logp, alpha, tau, mu, w_min, w_max)                  # <- new
+    kl = _kl_term(logp, ref_logp, mask, beta)
+    loss = -aggregate(w * surrogate - beta * kl, mask, agg, max_tokens)     # <- w *
+    return loss, _info(mask, w, ratio, clipped, kl)
+
+
+def cw_grpo_weights(logp, advantages, mask, scope="batch", group_size=None):
+    """CW-GRPO's Gaussian-kernel weights on the covariance term, mean 1 over valid tokens.
+
+        c_t = (l_t - mean(l)) * (A_i - mean(A)),  l = logp.detach(), means over valid tokens
+        w_t = exp(-c_t^2 / (2 sigma^2)),  sigma = std(c) (ddof 0),  then w <- w * N / sum(w)
+
+    ``scope="batch"`` centres and estimates sigma over the whole batch [reconstruction, as
+    in Cui et al.'s covariance code]; ``scope="group"`` does it within each group of
+    ``group_size`` consecutive rows. Always call it on the whole batch of a step, never on
+    a micro-batch: these are batch statistics.
+    """
+    if scope == "group":
+        if not group_size or logp.shape[0] % group_size:
+            raise ValueError("scope='group' needs group_size dividing the batch size")
+        return torch.cat([cw_grpo_weights(l, a, m) for l, a, m in
+                          zip(logp.split(group_size), advantages.split(group_size), mask.split(group_size))])
+    if scope != "batch":
+        raise ValueError(f"scope must be 'batch' or 'group', got {scope!r}")
+    m = mask
+    n = m.sum().clamp(min=1)
+    l = logp.detach()
+    a = advantages.detach()
+    mean_l = (l * m).sum() / n
+    mean_a = (a * m.sum(-1)).sum() / n                 # token-weighted: A_i counts |o_i| times
+    c = (l - mean_l) * (a - mean_a)[:, None]
+    sigma = ((c - (c * m).sum() / n) ** 2 * m).sum().div(n).sqrt()
+    if sigma < 1e-8:                      # no spread: nothing is extreme, weight everything 1
+        return torch.ones_like(l)
+    w = torch.exp(c.square().mul_(-0.5 / sigma ** 2))
+    return w.mul_(n / (w * m).sum())
+
+
+def cw_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
+                 clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None,
+                 scope="batch", group_size=None, weights=None):
+    """CW-GRPO (Wang et al., ACL 2026, arXiv 2605.11538): GRPO with covariance-kernel weights.
+
+        J = agg_t[ min(r_t w_t A_i, clip(r_t) w_t A_i) - beta * k3 ],  w_t = cw_grpo_weights
+
+    Intuition: entropy moves with the covariance of log-prob and advantage (Cui et al.
+    2025); the tokens where that covariance is extreme drive collapse or explosion, and a
+    Gaussian kernel with a bandwidth estimated from the batch smoothly down-weights them.
+    Because w_t > 0, min(r w A, clip(r) w A) = w * min(r A, clip(r) A).
+    [reconstruction] batch-wide centring and bandwidth, w detached, mean-1 normalisation.
+    Pass ``weights=`` (computed on the whole batch) when called on a micro-batch.
+    """
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask))
+    surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
+    w = weights if weights is not None else cw_grpo_weights(logp, advantages, mask, scope, group_size)  # <- new
+    kl = _kl_term(logp, ref_logp, mask, beta)
+    loss = -aggregate(w * surrogate - beta * kl, mask, agg, max_tokens)                      # <- w *
+    return loss, _info(mask, w, ratio, clipped, kl)
+
+
+def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
+              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None):
+    """TEPO (Lin et al., arXiv 2510.09369 / 2604.12736, ACL 2026): sequence ratio + KL mask.
+
+        log s_i = sum_t (logp - old_logp) m_t / sum_t m_t        (geometric-mean sequence ratio)
+        s_i,t   = exp(sg[log s_i] + logp_t - sg[logp_t])          (value s_i, gradient per token)
+        M_i,t   = (A_i > 0) and (logp_t + H_t > 0)                (reinforcing o_t lowers entropy)
+        J = token-mean[ min(s A_i, clip(s) A_i) - beta * M * k3 ]
+
+    Intuition: every token of a sequence shares one likelihood ratio, so the group reward
+    reaches each token through the sequence's likelihood; the KL leash is put only on the
+    tokens whose reinforcement would collapse entropy, leaving the rest free.
+    [reconstruction] the GSPO-token form of the sequence ratio; the entropy test
+    log pi(o_t) + H_t > 0; the mask's KL anchored to the reference model.
+    """
+    if entropy is None:
+        raise ValueError("tepo_loss needs entropy [B, T] (full-vocabulary entropy of the policy)")
+    log_s = _log_ratio(logp, old_logp, mask).sum(-1) / mask.sum(-1).clamp(min=1)    # <- new
+    ratio = torch.exp(log_s.detach()[:, None] + logp - logp.detach())                 # <- new
+    surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
+    kl_mask = ((advantages[:, None] > 0) & (logp.detach() + entropy > 0)) * mask    # <- new
+    kl = _kl_term(logp, ref_logp, mask, beta)
+    loss = -aggregate(surrogate - beta * kl_mask * kl, mask, agg, max_tokens)       # <- M *
+    return loss, _info(mask, torch.ones_like(logp), ratio, clipped, kl, kl_mask=kl_mask)
+
+
+LOSSES = {"grpo": grpo_loss, "tr_grpo": tr_grpo_loss, "cw_grpo": cw_grpo_loss, "tepo": tepo_loss}
+
+
+# ----------------------------------------------------------------------------------------
+# From logits to the per-token quantities the losses need (used by train.py).
+
+CHUNK_ELEMENTS = 2 ** 26      # float32 temporaries of at most 256 MB at a time
+
+
+def _row_chunks(logits):
+    """Rows per chunk so that one chunk of [N, V] logits has at most CHUNK_ELEMENTS entries."""
+    return max(1, CHUNK_ELEMENTS // logits.shape[-1])
+
+
+def token_logprobs(logits, tokens, temperature=1.0):
+    """log softmax(logits / temperature)[token], as gather - logsumexp, chunked over rows.
+
+    ``logits[b, t]`` must already be the prediction for ``tokens[b, t]`` (shifted by the
+    caller). The temperature is the sampling temperature: scoring without it gives a
+    ratio != 1 on-policy. We never build a full [B, T, V] log_softmax output (1.2 GB for
+    4 x 512 tokens over Qwen's 151,936 words); the float32 temporaries live one chunk at a
+    time. Under autograd, logsumexp keeps its (chunk) input for the backward pass.
+    """
+    flat, idx = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1, 1)
+    step = _row_chunks(flat)
+    out = []
+    for i in range(0, flat.shape[0], step):
+        x = flat[i:i + step].float() / temperature
+        out.append(x.gather(-1, idx[i:i + step]).squeeze(-1) - torch.logsumexp(x, dim=-1))
+    return torch.cat(out).view(tokens.shape)
+
+
+@torch.no_grad()
+def token_entropy(logits, temperature=1.0):
+    """Full-distribution entropy H = logsumexp(x) - sum softmax(x) * x, x = logits / T.
+
+    This is the entropy of the whole next-token distribution, not -log p of the sampled
+    token (a common shortcut that measures surprise, not spread). No gradient; chunked.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    step = _row_chunks(flat)
+    out = []
+    for i in range(0, flat.shape[0], step):
+        x = flat[i:i + step].float() / temperature
+        log_z = torch.logsumexp(x, dim=-1)
+        out.append(log_z - (torch.softmax(x, dim=-1) * x).sum(-1))
+    return torch.cat(out).view(logits.shape[:-1])
+
+
+# ----------------------------------------------------------------------------------------
+# python losses.py          -> what each loss does to the same toy batch
+# python losses.py --bench  -> forward+backward time of each loss, relative to GRPO
+
+def _demo():
+    torch.set_printoptions(precision=2)
+    # One prompt, a group of 4 completions of 5 tokens; the last row stopped after 3 tokens.
+    p = torch.tensor([[0.90, 0.60, 0.30, 0.05, 0.95],
+                      [0.99, 0.15, 0.70, 0.40, 0.80],
+                      [0.50, 0.02, 0.85, 0.20, 0.60],
+                      [0.97, 0.10, 0.45, 0.50, 0.50]])
+    entropy = torch.tensor([[0.4, 1.2, 1.9, 2.8, 0.2],
+                            [0.1, 2.2, 0.9, 1.5, 0.7],
+                            [1.3, 3.5, 0.6, 2.0, 1.1],
+                            [0.2, 2.4, 1.4, 1.2, 0.0]])
+    mask = torch.tensor([[1., 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    adv = group_advantages(rewards, group_size=4)
+    logp = p.log().requires_grad_()
+    old_logp, ref_logp = logp.detach(), logp.detach() - 0.1       # on-policy; ref a bit less sure
+    print("Toy batch: 1 prompt x 4 completions, 5 tokens each (row 3 ended after 3 tokens).")
+    print(f"rewards {rewards.tolist()} -> group advantages {[round(a, 3) for a in adv.tolist()]}")
+    print("token probabilities p (rows = completions):")
+    for i in range(4):
+        print(f"  row {i}  A={adv[i]:+.2f}  " + "  ".join(
+            f"{v:.2f}" if m else "  . " for v, m in zip(p[i].tolist(), mask[i].tolist())))
+    print("\nOn-policy the ratio is exactly 1, so loss = -aggregate(w * A) + beta * KL; "
+          "the gradient is what differs.")
+    for name, fn in LOSSES.items():
+        logp.grad = None
+        loss, info = fn(logp, old_logp, ref_logp, adv, mask, entropy)
+        loss.backward()
+        shown = info["kl_mask"] if name == "tepo" else info["weights"]
+        label = "KL mask M (A>0 and log p + H > 0)" if name == "tepo" else "per-token weight w"
+        print(f"\n{name:8s} loss = {loss.item():+.4f}   |grad| = {logp.grad.norm():.4f}   {label}:")
+        for i in range(4):
+            print("  row %d  " % i + "  ".join(
+                f"{v:.2f}" if m else "  . " for v, m in zip(shown[i].tolist(), mask[i].tolist())))
+
+
+def _bench(B=128, T=512, repeats=20, rounds=7):
+    torch.manual_seed(0)
+    logp = (torch.rand(B, T) * 4 - 4).log_softmax(-1).clamp(min=-20)
+    old_logp = logp + 0.05 * torch.randn(B, T)
+    ref_logp = logp + 0.05 * torch.randn(B, T)
+    entropy = torch.rand(B, T) * 3
+    adv = group_advantages(torch.randint(0, 2, (B,)).float(), group_size=8)
+    lengths = torch.randint(T // 4, T + 1, (B,))
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    xs = {name: logp.clone().requires_grad_() for name in LOSSES}
+    times = {name: float("inf") for name in LOSSES}
+    for _ in range(rounds):               # interleaved rounds, best of each: robust to noise
+        for name, fn in LOSSES.items():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                xs[name].grad = None
+                loss, _ = fn(xs[name], old_logp, ref_logp, adv, mask, entropy)
+                loss.backward()
+            times[name] = min(times[name], (time.perf_counter() - start) / repeats)
+    print(f"forward+backward, B={B}, T={T}, {torch.get_num_threads()} threads, best of {rounds} rounds x {repeats}:")
+    for name, t in times.items():
+        print(f"  {name:8s} {t * 1e3:7.2f} ms   {t / times['grpo']:.2f}x grpo")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", action="store_true", help="time forward+backward of each loss")
+    args = parser.parse_args()
+    _bench() if args.bench else _demo()
