@@ -1,0 +1,535 @@
+"""Tests for losses.py: hand-computed values, properties, gradients, and an independent
+re-implementation of METHODS.md written with plain per-token loops."""
+import math
+
+import pytest
+import torch
+
+import losses
+from losses import (AGGREGATIONS, LOSSES, aggregate, cw_grpo_loss, cw_grpo_weights, grpo_loss,
+                    group_advantages, microbatch_scale, tepo_loss, token_entropy, token_logprobs,
+                    tr_grpo_loss, tr_grpo_weights)
+
+torch.set_default_dtype(torch.float64)   # every test in this file computes in float64
+ALL = list(LOSSES)
+
+
+# ----------------------------------------------------------------------------------------
+# The 2x3 example used by the hand-computed tests. Row 0 has 3 tokens, row 1 has 2 (+1 pad).
+#   p       row0 = [0.5, 0.25, 0.8]   row1 = [0.1, 0.6, (pad)]
+#   ratio   row0 = [1.5, 1.0,  0.5]   row1 = [1.25, 0.9, (pad)]      (old_logp = logp - log ratio)
+#   ref     ref_logp - logp = d:  row0 = [0, ln 2, 0]  row1 = [0, -ln 2, (pad)]
+#   A = [+1, -0.5],   eps = 0.2
+K3_LN2 = 2 - math.log(2) - 1          # k3 when ref - logp = ln 2: e^d - d - 1 = 0.30685
+K3_MLN2 = 0.5 + math.log(2) - 1       # k3 when ref - logp = -ln 2: 0.19315
+
+
+def example():
+    p = torch.tensor([[0.5, 0.25, 0.8], [0.1, 0.6, 0.3]])
+    ratio = torch.tensor([[1.5, 1.0, 0.5], [1.25, 0.9, 7.0]])
+    d = torch.tensor([[0.0, math.log(2), 0.0], [0.0, -math.log(2), 3.0]])
+    logp = p.log().requires_grad_()
+    old_logp = p.log() - ratio.log()
+    ref_logp = p.log() + d
+    adv = torch.tensor([1.0, -0.5])
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    entropy = torch.tensor([[0.5, 2.0, 0.1], [3.0, 3.0, 3.0]])
+    return logp, old_logp, ref_logp, adv, mask, entropy
+
+
+def agg_by_hand(rows, agg):
+    """rows: per-token objectives of the valid tokens of each row (plain python lists)."""
+    if agg == "seq-mean-token-mean":
+        return sum(sum(r) / len(r) for r in rows) / len(rows)
+    if agg == "token-mean":
+        return sum(sum(r) for r in rows) / sum(len(r) for r in rows)
+    return sum(sum(r) for r in rows) / (len(rows) * 3)        # B * max_tokens, T = 3
+
+
+# GRPO per-token clipped surrogate, by hand:
+#   row 0, A = +1:   min(1.5, 1.2) = 1.2    min(1.0, 1.0) = 1.0    min(0.5, 0.8) = 0.5
+#   row 1, A = -0.5: min(-0.625, -0.6) = -0.625                    min(-0.45, -0.45) = -0.45
+SURR = [[1.2, 1.0, 0.5], [-0.625, -0.45]]
+KL = [[0.0, K3_LN2, 0.0], [0.0, K3_MLN2]]
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_grpo_by_hand(agg, beta):
+    logp, old, ref, adv, mask, _ = example()
+    loss, info = grpo_loss(logp, old, ref, adv, mask, beta=beta, agg=agg)
+    rows = [[s - beta * k for s, k in zip(sr, kr)] for sr, kr in zip(SURR, KL)]
+    assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
+    # e.g. seq-mean-token-mean, beta = 0: -((1.2 + 1 + 0.5)/3 + (-0.625 - 0.45)/2)/2 = -0.18125
+    assert info["clip_frac"].item() == pytest.approx(1 / 5)     # only row 0, token 0 is clipped
+    assert info["ratio_mean"].item() == pytest.approx((1.5 + 1 + 0.5 + 1.25 + 0.9) / 5)
+    assert info["kl"].item() == pytest.approx((K3_LN2 + K3_MLN2) / 5)
+    assert torch.equal(info["weights"], torch.ones(2, 3))
+
+
+def test_grpo_by_hand_literal_numbers():
+    logp, old, ref, adv, mask, _ = example()
+    assert grpo_loss(logp, old, ref, adv, mask, beta=0.0)[0].item() == pytest.approx(-0.18125)
+    assert grpo_loss(logp, old, ref, adv, mask, beta=0.0, agg="token-mean")[0].item() == pytest.approx(-0.325)
+    assert grpo_loss(logp, old, ref, adv, mask, beta=0.0, agg="seq-mean-token-sum-norm")[0].item() \
+        == pytest.approx(-1.625 / 6)
+    assert grpo_loss(logp, old, ref, adv, mask, beta=0.0, agg="seq-mean-token-sum-norm",
+                     max_tokens=4)[0].item() == pytest.approx(-1.625 / 8)
+
+
+def tr_w(p):
+    """TR-GRPO weight by hand: clamp(2 * (sigmoid(9 p) - 0.25), 1.0, 1.4)."""
+    return min(max(2 * (1 / (1 + math.exp(-9 * p)) - 0.25), 1.0), 1.4)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_tr_grpo_by_hand(agg, beta):
+    logp, old, ref, adv, mask, _ = example()
+    # w(0.5) = 1.4 (clamped from 1.478), w(0.25) = 2 * (sigmoid(2.25) - 0.25) = 1.3093,
+    # w(0.8) = 1.4, w(0.1) = 1.0 (clamped from 0.922), w(0.6) = 1.4
+    W = [[tr_w(0.5), tr_w(0.25), tr_w(0.8)], [tr_w(0.1), tr_w(0.6)]]
+    assert W[0][1] == pytest.approx(1.30930, abs=1e-5) and W[1][0] == 1.0 and W[0][0] == 1.4
+    loss, info = tr_grpo_loss(logp, old, ref, adv, mask, beta=beta, agg=agg)
+    rows = [[w * s - beta * k for w, s, k in zip(wr, sr, kr)] for wr, sr, kr in zip(W, SURR, KL)]
+    assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
+    assert info["weights"][0].tolist() == pytest.approx(W[0])
+    assert info["weights"][1, :2].tolist() == pytest.approx(W[1])
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_cw_grpo_by_hand(agg, beta):
+    logp, old, ref, adv, mask, _ = example()
+    # Covariance term over the 5 valid tokens, written out with python floats.
+    l = [[math.log(0.5), math.log(0.25), math.log(0.8)], [math.log(0.1), math.log(0.6)]]
+    a = [1.0, -0.5]
+    mean_l = sum(sum(r) for r in l) / 5
+    mean_a = (3 * 1.0 + 2 * -0.5) / 5                         # A_i counted once per token
+    c = [[(x - mean_l) * (a[i] - mean_a) for x in row] for i, row in enumerate(l)]
+    flat = [x for row in c for x in row]
+    sigma = math.sqrt(sum((x - sum(flat) / 5) ** 2 for x in flat) / 5)   # population std
+    w = [[math.exp(-x * x / (2 * sigma ** 2)) for x in row] for row in c]
+    norm = 5 / sum(x for row in w for x in row)
+    W = [[x * norm for x in row] for row in w]
+    loss, info = cw_grpo_loss(logp, old, ref, adv, mask, beta=beta, agg=agg)
+    rows = [[wt * s - beta * k for wt, s, k in zip(wr, sr, kr)] for wr, sr, kr in zip(W, SURR, KL)]
+    assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
+    assert info["weights"][0].tolist() == pytest.approx(W[0])
+    assert info["weights"][1, :2].tolist() == pytest.approx(W[1])
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_tepo_by_hand(agg, beta):
+    logp, old, ref, adv, mask, entropy = example()
+    # Sequence ratios: geometric means of the token ratios.
+    s0 = (1.5 * 1.0 * 0.5) ** (1 / 3)       # 0.9086: inside [0.8, 1.2], A = +1 -> s0
+    s1 = (1.25 * 0.9) ** (1 / 2)            # 1.0607: A = -0.5 -> min(-0.530, -0.530) = -0.530
+    # KL mask: A > 0 only in row 0; log p + H = [ln .5 + .5, ln .25 + 2, ln .8 + .1]
+    #        = [-0.19, +0.61, -0.12] -> M = [0, 1, 0]; row 1 has A < 0 -> all 0.
+    M = [[0.0, 1.0, 0.0], [0.0, 0.0]]
+    rows = [[s0 - beta * m * k for m, k in zip(M[0], KL[0])],
+            [-0.5 * s1 - beta * m * k for m, k in zip(M[1], KL[1])]]
+    loss, info = tepo_loss(logp, old, ref, adv, mask, entropy, beta=beta, agg=agg)
+    assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
+    assert info["kl_mask"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert torch.equal(info["weights"], torch.ones(2, 3))
+    assert info["ratio_mean"].item() == pytest.approx((3 * s0 + 2 * s1) / 5)
+
+
+def test_tepo_default_aggregation_is_token_mean():
+    logp, old, ref, adv, mask, entropy = example()
+    a = tepo_loss(logp, old, ref, adv, mask, entropy)[0]
+    b = tepo_loss(logp, old, ref, adv, mask, entropy, agg="token-mean")[0]
+    c = tepo_loss(logp, old, ref, adv, mask, entropy, agg="seq-mean-token-mean")[0]
+    assert a.item() == b.item() and a.item() != pytest.approx(c.item())
+
+
+def test_tepo_needs_entropy_and_beta_needs_ref():
+    logp, old, ref, adv, mask, _ = example()
+    with pytest.raises(ValueError, match="entropy"):
+        tepo_loss(logp, old, ref, adv, mask)
+    with pytest.raises(ValueError, match="ref_logp"):
+        grpo_loss(logp, old, None, adv, mask, beta=0.04)
+    assert torch.isfinite(grpo_loss(logp, old, None, adv, mask, beta=0.0)[0])
+    with pytest.raises(ValueError, match="aggregation"):
+        grpo_loss(logp, old, ref, adv, mask, agg="mean")
+
+
+# ----------------------------------------------------------------------------------------
+# group_advantages
+
+def test_group_advantages_by_hand_and_grouping_order():
+    # Rows are [g0 g0 g0 g1 g1 g1]: consecutive rows form a group.
+    adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 10.0, 20.0, 30.0]), group_size=3)
+    # g0: mean 2, sample std 1;  g1: mean 20, sample std 10
+    expected = [-1 / 1.0001, 0.0, 1 / 1.0001, -10 / 10.0001, 0.0, 10 / 10.0001]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-12)
+    # Sample (N-1) std, not population: rewards [1, 0] -> std = 0.7071, A = +-0.5 / 0.7072
+    adv = group_advantages(torch.tensor([1.0, 0.0]), group_size=2)
+    assert adv.tolist() == pytest.approx([0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4)])
+
+
+def test_group_advantages_zero_std_is_exactly_zero():
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float32)
+    adv = group_advantages(rewards, group_size=3)
+    assert torch.isfinite(adv).all()
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0]    # 0.1 * 3 / 3 != 0.1 in floating point: still 0
+    assert adv[6:].tolist() == [0.0, 0.0, 0.0]
+    assert adv[3] > 0 > adv[4]
+
+
+def test_group_advantages_dr_grpo_and_errors():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=4, scale_std=False)
+    assert adv.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    with pytest.raises(ValueError, match="multiple"):
+        group_advantages(torch.zeros(7), group_size=3)
+    with pytest.raises(ValueError, match=">= 2"):
+        group_advantages(torch.zeros(4), group_size=1)
+
+
+# ----------------------------------------------------------------------------------------
+# Properties from METHODS.md "What the tests must pin down"
+
+def random_batch(B=8, T=6, group=4, seed=0, off_policy=True):
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.log(torch.rand(B, T, generator=g) * 0.98 + 0.01)
+    old = logp + (0.3 * torch.randn(B, T, generator=g) if off_policy else 0)
+    ref = logp + 0.3 * torch.randn(B, T, generator=g)
+    entropy = torch.rand(B, T, generator=g) * 3
+    adv = group_advantages(torch.randint(0, 3, (B,), generator=g).double(), group)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).double()
+    return logp.requires_grad_(), old, ref, adv, mask, entropy
+
+
+def loss_and_grad(fn, logp, *args, **kw):
+    x = logp.detach().clone().requires_grad_()
+    loss, info = fn(x, *args, **kw)
+    loss.backward()
+    return loss.detach(), x.grad, info
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_tr_grpo_with_unit_weights_is_grpo(agg):
+    logp, old, ref, adv, mask, _ = random_batch()
+    a = loss_and_grad(grpo_loss, logp, old, ref, adv, mask, agg=agg)
+    b = loss_and_grad(tr_grpo_loss, logp, old, ref, adv, mask, agg=agg, w_min=1.0, w_max=1.0)
+    assert torch.allclose(a[0], b[0], atol=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_cw_grpo_with_zero_sigma_is_grpo(agg):
+    logp, old, ref, _, mask, _ = random_batch()
+    adv = torch.full((8,), 0.7)            # all advantages equal -> covariance 0 -> sigma = 0
+    a = loss_and_grad(grpo_loss, logp, old, ref, adv, mask, agg=agg)
+    b = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, agg=agg)
+    assert torch.equal(b[2]["weights"], torch.ones_like(logp))
+    assert torch.allclose(a[0], b[0], atol=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
+
+
+def test_tepo_one_token_beta0_is_grpo():
+    logp, old, ref, adv, _, entropy = random_batch(T=1)
+    mask = torch.ones(8, 1)
+    a = loss_and_grad(grpo_loss, logp, old, ref, adv, mask, beta=0.0)
+    b = loss_and_grad(tepo_loss, logp, old, ref, adv, mask, entropy, beta=0.0)
+    assert torch.allclose(a[0], b[0], atol=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
+
+
+def test_tepo_beta0_is_sequence_ratio_surrogate_alone():
+    logp, old, ref, adv, mask, entropy = random_batch()
+    loss, _ = tepo_loss(logp, old, ref, adv, mask, entropy, beta=0.0)
+    s = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1))           # [B]
+    surr = torch.minimum(s * adv, s.clamp(0.8, 1.2) * adv)                # per sequence
+    expected = -(surr * mask.sum(-1)).sum() / mask.sum()                  # token-mean
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
+
+
+def test_tepo_mask_selects_positive_advantage_entropy_lowering_tokens():
+    logp, old, ref, adv, mask, entropy = random_batch(B=16, T=8, seed=3)
+    _, info = tepo_loss(logp, old, ref, adv, mask, entropy)
+    expected = (adv[:, None] > 0) & (logp.detach() + entropy > 0) & (mask > 0)
+    assert torch.equal(info["kl_mask"] > 0, expected)
+    assert 0 < expected.sum() < (mask > 0).sum()       # the example is not degenerate
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_on_policy_ratio_is_one_loss_is_weighted_advantage(name, agg):
+    logp, _, ref, adv, mask, entropy = random_batch()
+    loss, grad, info = loss_and_grad(LOSSES[name], logp, logp.detach(), ref, adv, mask, entropy,
+                                     beta=0.0, agg=agg)
+    assert info["ratio_mean"].item() == 1.0 and info["clip_frac"].item() == 0.0
+    expected = -aggregate(info["weights"] * adv[:, None], mask, agg)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
+    assert grad.abs().sum() > 0         # the value is "just A", but the gradient is not zero
+
+
+def test_grpo_gradient_by_hand_on_policy():
+    # On-policy, beta = 0, seq-mean-token-mean: loss = -1/B sum_i 1/|o_i| sum_t A_i * exp(logp - sg(logp))
+    # so d loss / d logp[i, t] = -A_i * mask[i, t] / |o_i| / B.
+    logp, _, _, adv, mask, _ = random_batch()
+    _, grad, _ = loss_and_grad(grpo_loss, logp, logp.detach(), None, adv, mask, beta=0.0)
+    expected = -adv[:, None] * mask / mask.sum(-1, keepdim=True) / mask.shape[0]
+    assert torch.allclose(grad, expected, atol=1e-15)
+
+
+def test_tepo_gradient_by_hand():
+    # beta = 0, token-mean, all sequence ratios inside the clip range:
+    # d loss / d logp[i, t] = -A_i * s_i * mask[i, t] / N   (every token carries the sequence ratio)
+    logp, _, ref, adv, mask, entropy = random_batch()
+    old = logp.detach() + 0.05 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    _, grad, _ = loss_and_grad(tepo_loss, logp, old, ref, adv, mask, entropy, beta=0.0)
+    s = torch.exp(((logp.detach() - old) * mask).sum(-1) / mask.sum(-1))
+    assert ((s > 0.8) & (s < 1.2)).all()
+    assert torch.allclose(grad, -adv[:, None] * s[:, None] * mask / mask.sum(), atol=1e-15)
+
+
+# ----------------------------------------------------------------------------------------
+# Gradients: torch.autograd.gradcheck in float64.
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_gradcheck_grpo(agg):
+    logp, old, ref, adv, mask, _ = random_batch(B=4, T=5)
+    assert torch.autograd.gradcheck(lambda x: grpo_loss(x, old, ref, adv, mask, agg=agg)[0], (logp,))
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_gradcheck_tr_grpo(agg):
+    # The weight is a stop-gradient function of p; finite differences would see it move. Pick
+    # probabilities where it is flat (p < 0.1 -> w = 1.0, p > 0.5 -> w = 1.4) so both agree.
+    logp, old, ref, adv, mask, _ = random_batch(B=4, T=5)
+    p = torch.where(torch.rand(4, 5, generator=torch.Generator().manual_seed(2)) < 0.5,
+                    torch.full((4, 5), 0.05), torch.full((4, 5), 0.7))
+    x = (p + 0.02 * torch.rand(4, 5)).log().requires_grad_()
+    w = tr_grpo_weights(x)
+    assert set(w.flatten().tolist()) == {1.0, 1.4}
+    assert torch.autograd.gradcheck(lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg)[0], (x,))
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_gradcheck_cw_grpo(agg):
+    # Weights are batch statistics held fixed during the step: pass them precomputed.
+    logp, old, ref, adv, mask, _ = random_batch(B=4, T=5)
+    w = cw_grpo_weights(logp, adv, mask)
+    assert torch.autograd.gradcheck(lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, weights=w)[0], (logp,))
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_gradcheck_tepo(agg):
+    # s = exp(sg(log s_i) + logp - sg(logp)) gives every token the gradient s_i. Finite
+    # differences see the plain sequence ratio instead (d s_i / d logp_t = s_i / |o_i|), but
+    # all |o_i| tokens of the row carry s_i, so the totals agree: gradcheck applies as is.
+    logp, old, ref, adv, mask, entropy = random_batch(B=4, T=5)
+    assert torch.autograd.gradcheck(lambda x: tepo_loss(x, old, ref, adv, mask, entropy, agg=agg)[0], (logp,))
+
+
+# ----------------------------------------------------------------------------------------
+# TR-GRPO and CW-GRPO weights
+
+def test_tr_grpo_weight_shape():
+    p = torch.linspace(0, 1, 1001)
+    w = tr_grpo_weights(p.log())
+    assert (w[1:] >= w[:-1]).all()                       # monotone non-decreasing in p
+    assert w[0].item() == 1.0 and w[-1].item() == pytest.approx(1.4)
+    assert tr_grpo_weights(torch.tensor(0.2).log()).item() == pytest.approx(1.216, abs=1e-3)
+    assert tr_grpo_weights(torch.tensor(0.1).log()).item() == 1.0 and w.max().item() == pytest.approx(1.4)
+
+
+def test_cw_grpo_weights_mean_one_and_extreme_gets_smallest():
+    logp, _, _, adv, mask, _ = random_batch(B=16, T=8, seed=5)
+    w = cw_grpo_weights(logp, adv, mask)
+    valid = mask > 0
+    assert w[valid].mean().item() == pytest.approx(1.0, abs=1e-12)
+    l, a = logp.detach(), adv[:, None].expand_as(logp)
+    c = (l - l[valid].mean()) * (a - a[valid].mean())
+    extreme = c.abs().masked_fill(~valid, -1).argmax()
+    assert w.flatten()[extreme] == w[valid].min()
+
+
+def test_cw_grpo_scope_group_differs_from_batch():
+    logp, _, _, _, mask, _ = random_batch(B=8, T=6, seed=7)
+    adv = group_advantages(torch.tensor([0, 1, 1, 1, 0, 0, 0, 1.0]), 4)
+    with torch.no_grad():
+        logp[4:] -= 2.0                  # the second group is much less confident than the first
+    wb = cw_grpo_weights(logp, adv, mask, scope="batch")
+    wg = cw_grpo_weights(logp, adv, mask, scope="group", group_size=4)
+    assert not torch.allclose(wb, wg)
+    for g in range(2):                   # group scope: mean 1 within each group
+        m = mask[4 * g:4 * g + 4] > 0
+        assert wg[4 * g:4 * g + 4][m].mean().item() == pytest.approx(1.0)
+    a = cw_grpo_loss(logp, logp.detach(), None, adv, mask, beta=0.0, scope="group", group_size=4)
+    assert torch.equal(a[1]["weights"], wg)
+    with pytest.raises(ValueError, match="group_size"):
+        cw_grpo_weights(logp, adv, mask, scope="group")
+
+
+# ----------------------------------------------------------------------------------------
+# Padding and micro-batching
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_padding_changes_nothing(name, agg):
+    logp, old, ref, adv, mask, entropy = random_batch()
+    g = torch.Generator().manual_seed(11)
+    junk = lambda: 30 * torch.randn(8, 5, generator=g)             # arbitrary finite values
+    pad = lambda t: torch.cat([t.detach(), junk()], dim=1)
+    kw = dict(agg=agg, max_tokens=20)             # sum-norm needs a fixed max_tokens to compare
+    a = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, **kw)
+    mask2 = torch.cat([mask, torch.zeros(8, 5)], dim=1)
+    b = loss_and_grad(LOSSES[name], pad(logp), pad(old), pad(ref), adv, mask2, pad(entropy), **kw)
+    assert torch.isfinite(b[0]) and torch.isfinite(b[1]).all()
+    assert b[0].item() == pytest.approx(a[0].item(), abs=1e-12)
+    assert torch.allclose(b[1][:, :6], a[1], atol=1e-14) and (b[1][:, 6:] == 0).all()
+    # garbage inside the original width, under mask 0, changes nothing either
+    inside = lambda t: torch.where(mask > 0, t.detach(), 30 * torch.randn(8, 6, generator=g))
+    c = loss_and_grad(LOSSES[name], inside(logp), inside(old), inside(ref), adv, mask, inside(entropy), **kw)
+    assert c[0].item() == pytest.approx(a[0].item(), abs=1e-12)
+    assert torch.allclose(c[1], a[1], atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_micro_batches_accumulate_to_the_full_batch_gradient(name, agg):
+    logp, old, ref, adv, mask, entropy = random_batch(B=12, T=7, group=4, seed=4)
+    full_loss, full_grad, _ = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, agg=agg)
+    x = logp.detach().clone().requires_grad_()
+    extra = {}
+    if name == "cw_grpo":                # batch statistics, computed once on the whole batch
+        extra_w = cw_grpo_weights(old, adv, mask)
+    total = 0.0
+    for rows in (slice(0, 5), slice(5, 6), slice(6, 12)):   # uneven micro-batches
+        if name == "cw_grpo":
+            extra = {"weights": extra_w[rows]}
+        loss, _ = LOSSES[name](x[rows], old[rows], ref[rows], adv[rows], mask[rows], entropy[rows],
+                               agg=agg, max_tokens=7, **extra)
+        loss = loss * microbatch_scale(agg, mask[rows], mask)
+        loss.backward()
+        total += loss.item()
+    if name == "cw_grpo":   # the whole-batch call computes weights from logp, not old: use the same
+        full_loss, full_grad, _ = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, agg=agg,
+                                                weights=extra_w)
+    assert total == pytest.approx(full_loss.item(), abs=1e-12)
+    assert torch.allclose(x.grad, full_grad, atol=1e-14)
+
+
+def test_cw_weights_per_micro_batch_would_be_wrong():
+    # The bug this interface exists to prevent: statistics of half a batch are not the batch's.
+    logp, _, _, adv, mask, _ = random_batch(B=8, T=6, seed=9)
+    whole = cw_grpo_weights(logp, adv, mask)
+    halves = torch.cat([cw_grpo_weights(logp[:4], adv[:4], mask[:4]),
+                        cw_grpo_weights(logp[4:], adv[4:], mask[4:])])
+    assert not torch.allclose(whole, halves)
+
+
+# ----------------------------------------------------------------------------------------
+# An independent implementation of METHODS.md, one token at a time, compared on random
+# off-policy batches: values, gradients, weights and the TEPO mask.
+
+def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=None):
+    B, T = logp.shape
+    valid = [[mask[i, t].item() > 0 for t in range(T)] for i in range(B)]
+    toks = [(i, t) for i in range(B) for t in range(T) if valid[i][t]]
+    N = len(toks)
+    n_i = [sum(valid[i]) for i in range(B)]
+    w = {k: torch.tensor(1.0) for k in toks}
+    M = {k: 0.0 for k in toks}
+    if name == "tr_grpo":
+        for i, t in toks:
+            p = math.exp(logp[i, t].item())
+            w[i, t] = torch.tensor(min(max(2.0 * (1 / (1 + math.exp(-9 * p)) - 0.25), 1.0), 1.4))
+    if name == "cw_grpo":
+        ml = sum(logp[i, t].item() for i, t in toks) / N
+        ma = sum(adv[i].item() for i, t in toks) / N
+        c = {(i, t): (logp[i, t].item() - ml) * (adv[i].item() - ma) for i, t in toks}
+        mc = sum(c.values()) / N
+        sd = math.sqrt(sum((v - mc) ** 2 for v in c.values()) / N)
+        raw = {k: (math.exp(-v * v / (2 * sd * sd)) if sd >= 1e-8 else 1.0) for k, v in c.items()}
+        z = sum(raw.values())
+        w = {k: torch.tensor(v * N / z) for k, v in raw.items()}
+    obj = {}
+    for i, t in toks:
+        lp, A = logp[i, t], adv[i].item()
+        if name == "tepo":
+            log_s = sum(logp[i, u].item() - old[i, u].item() for u in range(T) if valid[i][u]) / n_i[i]
+            r = math.exp(log_s) * torch.exp(lp - lp.detach())
+            M[i, t] = 1.0 if (A > 0 and lp.item() + entropy[i, t].item() > 0) else 0.0
+        else:
+            r = torch.exp(lp - old[i, t])
+        surr = torch.minimum(r * w[i, t] * A, torch.clamp(r, 0.8, 1.2) * w[i, t] * A)
+        d = ref[i, t] - lp
+        kl = torch.exp(d) - d - 1
+        obj[i, t] = surr - beta * (M[i, t] if name == "tepo" else 1.0) * kl
+    if agg == "seq-mean-token-mean":
+        total = sum(sum(obj[i, t] for t in range(T) if valid[i][t]) / n_i[i] for i in range(B)) / B
+    elif agg == "token-mean":
+        total = sum(obj.values()) / N
+    else:
+        total = sum(obj.values()) / (B * T)
+    return -total, w, M
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_matches_independent_implementation(name, agg, beta):
+    for seed in range(3):
+        logp, old, ref, adv, mask, entropy = random_batch(B=6, T=5, group=3, seed=100 + seed)
+        x = logp.detach().clone().requires_grad_()
+        want, w, M = reference_loss(name, x, old, ref, adv, mask, entropy, beta, agg)
+        want.backward()
+        got, grad, info = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, beta=beta, agg=agg)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6, abs=1e-12)
+        assert torch.allclose(grad, x.grad, rtol=1e-6, atol=1e-12)
+        for (i, t), v in w.items():
+            assert info["weights"][i, t].item() == pytest.approx(float(v), rel=1e-6)
+        if name == "tepo":
+            for (i, t), v in M.items():
+                assert info["kl_mask"][i, t].item() == v
+
+
+# ----------------------------------------------------------------------------------------
+# Log-probs and entropy from logits
+
+def naive(logits, tokens, temperature):
+    logsm = torch.log_softmax(logits / temperature, dim=-1)
+    return logsm.gather(-1, tokens[..., None]).squeeze(-1), -(logsm.exp() * logsm).sum(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_and_entropy_match_naive_formula(temperature, monkeypatch):
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 3 * 50)         # force several chunks
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 7, 50, generator=g)).requires_grad_()
+    tokens = torch.randint(0, 50, (2, 7), generator=g)
+    want_lp, want_h = naive(logits, tokens, temperature)
+    got_lp = token_logprobs(logits, tokens, temperature)
+    got_h = token_entropy(logits, temperature)
+    assert got_lp.dtype == torch.float32 and got_h.dtype == torch.float32
+    assert torch.allclose(got_lp.double(), want_lp, atol=1e-5)
+    assert torch.allclose(got_h.double(), want_h, atol=1e-5)
+    assert not got_h.requires_grad
+    (grad_got,) = torch.autograd.grad(got_lp.sum(), logits)
+    (grad_want,) = torch.autograd.grad(want_lp.sum(), logits)
+    assert torch.allclose(grad_got, grad_want, atol=1e-5)
+
+
+def test_temperature_matters_and_entropy_is_of_the_full_distribution():
+    logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0]]])
+    tokens = torch.tensor([[0]])
+    assert token_logprobs(logits, tokens, 1.0).item() != pytest.approx(token_logprobs(logits, tokens, 0.5).item())
+    p = torch.softmax(logits[0, 0], -1)
+    h = token_entropy(logits).item()
+    assert h == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
+    assert h != pytest.approx(-token_logprobs(logits, tokens).item(), abs=1e-3)  # not the sampled token's surprise
+
+
+def test_bf16_logits_are_scored_in_float32():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, 4, 1000, generator=g)
+    tokens = torch.randint(0, 1000, (1, 4), generator=g)
+    got = token_logprobs(logits.to(torch.bfloat16), tokens)
+    want, _ = naive(logits.to(torch.bfloat16).double(), tokens, 1.0)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-4)
