@@ -8,8 +8,8 @@ Every loss has the same signature and returns ``(loss, info)``:
 Shapes: ``logp, old_logp, ref_logp, mask, entropy`` are ``[B, T]`` (B = prompts x group
 size, T = completion positions); ``advantages`` is ``[B]``. ``mask`` is a 0/1 float tensor:
 1 on completion tokens up to and including the first EOS, 0 on padding (built from
-positions, never from token ids: on Qwen the pad token is also an EOS token). ``logp`` carries the gradient;
-everything else is treated as a constant.
+positions, never from token ids: on Qwen the pad token is also an EOS token). ``logp``
+carries the gradient; everything else is treated as a constant.
 
 The specification (equations, defaults, which parts are our reconstruction of papers whose
 exact equations we could not read) is METHODS.md; the README repeats it for learners.
