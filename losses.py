@@ -194,18 +194,15 @@ def cw_grpo_weights(logp, advantages, mask, scope="batch", group_size=None):
                           zip(logp.split(group_size), advantages.split(group_size), mask.split(group_size))])
     if scope != "batch":
         raise ValueError(f"scope must be 'batch' or 'group', got {scope!r}")
-    m = mask
+    l, a, m = logp.detach(), advantages.detach(), mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
-    l = logp.detach()
-    a = advantages.detach()
-    mean_l = (l * m).sum() / n
-    mean_a = (a * m.sum(-1)).sum() / n                 # token-weighted: A_i counts |o_i| times
-    c = (l - mean_l) * (a - mean_a)[:, None]
-    sigma = ((c - (c * m).sum() / n) ** 2 * m).sum().div(n).sqrt()
+    masked_mean = lambda x: torch.dot(x.flatten(), m.flatten()) / n     # mean over valid tokens
+    c = (l - masked_mean(l)) * (a - torch.dot(a, m.sum(-1)) / n)[:, None]   # A_i counts |o_i| times
+    sigma = masked_mean((c - masked_mean(c)).square()).sqrt()
     if sigma < 1e-8:                      # no spread: nothing is extreme, weight everything 1
         return torch.ones_like(l)
     w = torch.exp(c.square().mul_(-0.5 / sigma ** 2))
-    return w.mul_(n / (w * m).sum())
+    return w.mul_(n / torch.dot(w.flatten(), m.flatten()))
 
 
 def cw_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
@@ -250,7 +247,7 @@ def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     log_s = _log_ratio(logp, old_logp, mask).sum(-1) / mask.sum(-1).clamp(min=1)    # <- new
     ratio = torch.exp(log_s.detach()[:, None] + logp - logp.detach())                 # <- new
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
-    kl_mask = ((advantages[:, None] > 0) & (logp.detach() + entropy > 0)) * mask    # <- new
+    kl_mask = (logp.detach() + entropy).gt_(0).mul_(mask * (advantages > 0)[:, None])  # <- new
     kl = _kl_term(logp, ref_logp, mask, beta)
     loss = -aggregate(surrogate - beta * kl_mask * kl, mask, agg, max_tokens)       # <- M *
     return loss, _info(mask, torch.ones_like(logp), ratio, clipped, kl, kl_mask=kl_mask)
