@@ -1,0 +1,167 @@
+"""Datasets and the prompt: GSM8K (Hub or local JSONL) and synthetic GSM8K-style problems.
+
+Every problem is a dict ``{"question": str, "answer": str}`` in GSM8K's own format: the
+answer is a worked solution whose last line is ``#### <number>`` (``rewards.gold_answer``
+reads it). The prompt is built in one place, ``render_prompt``, used by training,
+evaluation and the tests alike, so they can never drift apart.
+"""
+import json
+import random
+from pathlib import Path
+
+from rewards import gold_answer
+
+SYSTEM_PROMPT = ("You are a careful math tutor. Solve the problem step by step, briefly, "
+                 "then give the final answer on its own last line as '#### <number>'.")
+
+
+def build_messages(question):
+    """The chat for one problem: a system message with the answer format, then the question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def render_prompt(tokenizer, question):
+    """The exact text the model continues: the tokenizer's chat template + generation prompt."""
+    return tokenizer.apply_chat_template(build_messages(question), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+# ----------------------------------------------------------------------------------------
+# GSM8K
+
+def load_gsm8k(split, path=None):
+    """GSM8K's ``split`` ("train" or "test") as a list of {"question", "answer"} dicts.
+
+    ``path`` may be a JSONL file or a directory holding ``{split}.jsonl`` (GSM8K's format:
+    one JSON object per line with "question" and "answer"). Without ``path`` the Hub copy
+    (``openai/gsm8k``, config ``main``) is loaded with ``datasets``.
+    """
+    if path is None:
+        try:
+            import datasets
+            ds = datasets.load_dataset("openai/gsm8k", "main", split=split)
+        except Exception as e:  # no network and no cache, most often
+            raise RuntimeError(
+                f"could not load GSM8K '{split}' from the Hugging Face Hub ({type(e).__name__}: {e}). "
+                "Offline? Pass a local copy with --data path/to/gsm8k_dir_or_file.jsonl, or run the "
+                "offline demo with --preset tiny.") from e
+        return [{"question": r["question"], "answer": r["answer"]} for r in ds]
+    path = Path(path)
+    if path.is_dir():
+        path = path / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"GSM8K file not found: {path}")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            rows.append(_parse_row(line, path, lineno))
+    if not rows:
+        raise ValueError(f"{path}: no problems in the file (it is empty)")
+    return rows
+
+
+def _parse_row(line, path, lineno):
+    where = f"{path}, line {lineno}"
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer'")
+    for key in ("question", "answer"):
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            raise ValueError(f"{where}: field '{key}' is missing or not a non-empty string")
+    try:
+        gold_answer(row["answer"])
+    except ValueError as e:
+        raise ValueError(f"{where}: the answer has no final '#### <number>' line ({e})") from None
+    return {"question": row["question"], "answer": row["answer"]}
+
+
+# ----------------------------------------------------------------------------------------
+# Synthetic GSM8K-style problems (offline, for the tiny preset and the tests)
+
+NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Eli", "Ana", "Ben", "Kim"]
+ITEMS = ["apples", "pens", "cards", "shells", "books", "coins", "eggs", "stamps", "cups", "toys"]
+
+# Level 1: one addition or subtraction, operands 1-20. Short on purpose: the tiny model reads
+# characters, so every character of the question is a step of attention.
+LEVEL1 = [
+    ("{n} has {a} {i}. {n} buys {b} more. How many {i} does {n} have?", "+"),
+    ("{n} picks {a} {i} and then {b} more. How many {i} in all?", "+"),
+    ("A box has {a} {i}. {n} adds {b}. How many {i} are in the box?", "+"),
+    ("{n} has {a} {i} and finds {b}. How many {i} now?", "+"),
+    ("{n} had {a} {i} and gave away {b}. How many {i} are left?", "-"),
+    ("A box has {a} {i}. {n} takes {b} out. How many {i} are left?", "-"),
+    ("{n} had {a} {i} and lost {b}. How many {i} does {n} have?", "-"),
+    ("{n} has {a} {i} and sells {b}. How many {i} remain?", "-"),
+]
+
+# Levels 2-3: several steps with multiplication and exact division.
+LEVEL2 = [
+    ("{n} buys {a} bags with {b} {i} each, then gets {c} more {i}. How many {i} does {n} have?",
+     lambda a, b, c: [(f"{a}*{b}", a * b), (f"{a * b}+{c}", a * b + c)]),
+    ("{n} has {a} {i}, gives {c} away, then doubles the rest. How many {i} now?",
+     lambda a, b, c: [(f"{a}-{c}", a - c), (f"{a - c}*2", 2 * (a - c))]),
+    ("{n} has {a} boxes of {b} {i} and uses {c} of them. How many {i} are left?",
+     lambda a, b, c: [(f"{a}*{b}", a * b), (f"{a * b}-{c}", a * b - c)]),
+]
+LEVEL3 = [
+    ("{n} shares {ab} {i} equally among {b} friends, then each friend gets {c} more. "
+     "How many {i} does each friend have?",
+     lambda a, b, c: [(f"{a * b}/{b}", a), (f"{a}+{c}", a + c)]),
+    ("{n} earns ${a} a day for {b} days, spends ${c}, and splits the rest with a sister. "
+     "How many dollars does each get?",
+     lambda a, b, c: [(f"{a}*{b}", a * b), (f"{a * b}-{c}", a * b - c), (f"{a * b - c}/2", (a * b - c) // 2)]),
+]
+
+
+def make_synthetic(n, level=1, seed=0, exclude=None):
+    """``n`` GSM8K-style problems with integer answers, deterministic for ``seed``.
+
+    Level 1: one addition or subtraction of numbers 1-20 (answers never negative) — what a
+    0.5M-parameter character-level model learns in minutes. Level 2: two steps with
+    multiplication, numbers up to 50. Level 3: division with exact results and three steps.
+    Several templates, names and items per level, so the model must read the numbers rather
+    than memorise sentences. The level-1 space is small (~40k questions), so problems from two
+    seeds can coincide: pass the training questions as ``exclude`` when building a held-out set.
+    """
+    if level not in (1, 2, 3):
+        raise ValueError(f"level must be 1, 2 or 3, got {level}")
+    rng = random.Random(f"synthetic-{level}-{seed}")
+    exclude = set(exclude or ())
+    out, seen, attempts = [], set(), 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 100 * n + 1000:
+            raise ValueError(f"could not make {n} distinct level-{level} problems outside `exclude`")
+        problem = _one_problem(rng, level)
+        if problem["question"] in exclude or problem["question"] in seen:
+            continue
+        seen.add(problem["question"])
+        out.append(problem)
+    return out
+
+
+def _one_problem(rng, level):
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    if level == 1:
+        template, op = rng.choice(LEVEL1)
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
+        if op == "-" and b > a:
+            a, b = b, a
+        result = a + b if op == "+" else a - b
+        question = template.format(n=name, i=item, a=a, b=b)
+        return {"question": question, "answer": f"{a}{op}{b}={result}\n#### {result}"}
+    template, steps = rng.choice(LEVEL2 if level == 2 else LEVEL3)
+    top = 50 if level == 2 else 30
+    while True:
+        a, b, c = rng.randint(2, top), rng.randint(2, 12), rng.randint(1, top)
+        worked = steps(a, b, c)
+        if all(v >= 0 for _, v in worked) and (level == 2 or (a * b - c) % 2 == 0 or len(worked) < 3):
+            break
+    question = template.format(n=name, i=item, a=a, b=b, c=c, ab=a * b)
+    lines = [f"{expr}={value}" for expr, value in worked]
+    return {"question": question, "answer": "\n".join(lines) + f"\n#### {worked[-1][1]}"}
