@@ -1,0 +1,329 @@
+"""Tests for train.py: end-to-end runs of the tiny preset, exact resume, bad inputs, and the
+GRPO traps (pad == eos masks, hidden sampling defaults, scoring vs sampling, micro-batching)."""
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from losses import LOSSES
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gsm8k.jsonl"
+FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch", "40", "--prompts-per-step", "4",
+        "--group-size", "4", "--micro-batch", "16", "--max-new-tokens", "16", "--eval-every", "0", "--sample-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A (badly) warmed-up tiny model, built once for the whole module."""
+    root = tmp_path_factory.mktemp("warm")
+    path = train.warm_start(train.parse_config(FAST + ["--out", str(root / "x")]))
+    assert (Path(path) / "config.json").exists() and (Path(path) / "tokenizer.json").exists()
+    return path
+
+
+def read(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def run(args, warm):
+    return train.main(FAST + ["--init", warm] + args)
+
+
+# ----------------------------------------------------------------------------------------
+# End to end
+
+def test_tiny_run_end_to_end(tmp_path, warm):
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "4", "--loss", "cw_grpo"], warm) == 0
+    lines = read(out / "metrics.jsonl")
+    train_lines = [l for l in lines if "loss" in l]
+    evals = [l for l in lines if "eval_accuracy" in l]
+    assert [l["step"] for l in train_lines] == [1, 2, 3, 4]
+    assert [l["step"] for l in evals] == [0, 4] and all(l["eval_n"] == 40 for l in evals)
+    required = {"step", "loss", "reward", "reward_std", "frac_zero_std", "entropy", "grad_norm", "kl", "clip_frac",
+                "weight_mean", "completion_len", "truncated_frac", "step_time", "gen_time", "peak_mem_gb"}
+    assert all(required <= set(l) for l in train_lines)
+    assert all(torch.isfinite(torch.tensor(l["loss"])) and l["entropy"] > 0 for l in train_lines)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["loss"] == "cw_grpo" and cfg["preset"] == "tiny" and cfg["group_size"] == 4
+    samples = read(out / "samples.jsonl")
+    assert [s["step"] for s in samples] == [2, 4]
+    s = samples[0]
+    assert len(s["completions"]) == len(s["tokens"]) == len(s["logp"]) == len(s["mask"]) == 4
+    assert all(len(t) == len(m) == len(lp) == len(e) for t, m, lp, e in zip(s["tokens"], s["mask"], s["logp"], s["entropy"]))
+    assert (out / "ckpt" / "last.pt").exists()
+
+
+def test_each_loss_runs_a_step(tmp_path, warm):
+    for name in LOSSES:
+        out = tmp_path / name
+        assert run(["--out", str(out), "--steps", "1", "--loss", name, "--eval-n", "4"], warm) == 0
+        step = [l for l in read(out / "metrics.jsonl") if "loss" in l][0]
+        if name == "tepo":
+            assert 0 <= step["kl_mask_frac"] <= 1
+
+
+def losses_and_rewards(path):
+    return [(l["step"], l["loss"], l["reward"]) for l in read(path) if "loss" in l]
+
+
+def test_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path, warm, monkeypatch):
+    args = ["--steps", "6", "--ckpt-every", "2", "--seed", "3"]
+    assert run(args + ["--out", str(tmp_path / "a")], warm) == 0
+    real_step = train.grpo_step
+    calls = {"n": 0}
+
+    def crash_at_step_4(*a, **k):          # steps 1-3 run (3 is logged, never checkpointed)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("simulated crash")
+        return real_step(*a, **k)
+    monkeypatch.setattr(train, "grpo_step", crash_at_step_4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(args + ["--out", str(tmp_path / "b")], warm)
+    assert [s for s, _, _ in losses_and_rewards(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3]
+    monkeypatch.setattr(train, "grpo_step", real_step)
+    assert run(args + ["--out", str(tmp_path / "b"), "--resume"], warm) == 0
+    a, b = losses_and_rewards(tmp_path / "a" / "metrics.jsonl"), losses_and_rewards(tmp_path / "b" / "metrics.jsonl")
+    assert [s for s, _, _ in b] == [1, 2, 3, 4, 5, 6]       # step 3 re-run once, not logged twice
+    assert a == b                                            # bit-for-bit on CPU
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path, warm, monkeypatch, capsys):
+    args = ["--steps", "5", "--ckpt-every", "100", "--seed", "4"]
+    assert run(args + ["--out", str(tmp_path / "a")], warm) == 0
+    real_step = train.grpo_step
+    calls = {"n": 0}
+
+    def ctrl_c_during_step_2(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)      # the handler lets step 2 finish
+        return real_step(*a, **k)
+    monkeypatch.setattr(train, "grpo_step", ctrl_c_during_step_2)
+    assert run(args + ["--out", str(tmp_path / "b")], warm) == 130
+    assert "--resume" in capsys.readouterr().out
+    assert torch.load(tmp_path / "b" / "ckpt" / "last.pt", weights_only=True)["step"] == 2
+    monkeypatch.setattr(train, "grpo_step", real_step)
+    assert run(args + ["--out", str(tmp_path / "b"), "--resume"], warm) == 0
+    assert losses_and_rewards(tmp_path / "a" / "metrics.jsonl") == losses_and_rewards(tmp_path / "b" / "metrics.jsonl")
+
+
+def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypatch):
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "2", "--ckpt-every", "1"], warm) == 0
+    before = (out / "ckpt" / "last.pt").read_bytes()
+    original = LOSSES["grpo"]
+
+    @functools.wraps(original)
+    def nan_loss(*a, **k):
+        loss, info = original(*a, **k)
+        return loss * float("nan"), info
+    monkeypatch.setitem(LOSSES, "grpo", nan_loss)
+    with pytest.raises(SystemExit, match="non-finite"):
+        run(["--out", str(out), "--steps", "4", "--ckpt-every", "1", "--resume"], warm)
+    assert (out / "ckpt" / "last.pt").read_bytes() == before
+
+
+# ----------------------------------------------------------------------------------------
+# Bad input: a clear message, a non-zero exit, nothing overwritten
+
+@pytest.mark.parametrize("args,message", [
+    (["--loss", "ppo"], "invalid choice"),
+    (["--preset", "huge"], "invalid choice"),
+    (["--group-size", "1"], "group-size must be >= 2"),
+    (["--micro-batch", "5"], "divisible"),
+])
+def test_bad_flags(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(FAST + args)
+    assert e.value.code != 0 and message in capsys.readouterr().err
+
+
+def test_malformed_data_file_names_the_line(tmp_path, warm):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(FIXTURE.read_text().splitlines()[0] + "\n{not json\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl, line 2"):
+        run(["--out", str(tmp_path / "run"), "--data", str(bad)], warm)
+
+
+def test_refuses_to_overwrite_a_run_with_another_config(tmp_path, warm):
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "1"], warm) == 0
+    before = (out / "metrics.jsonl").read_text(), (out / "config.json").read_text()
+    with pytest.raises(SystemExit, match="different config"):
+        run(["--out", str(out), "--steps", "1", "--lr", "0.5"], warm)
+    with pytest.raises(SystemExit, match="--resume"):
+        run(["--out", str(out), "--steps", "1"], warm)
+    with pytest.raises(SystemExit, match="another config"):           # resuming with another loss
+        run(["--out", str(out), "--steps", "2", "--resume", "--loss", "tepo"], warm)
+    assert ((out / "metrics.jsonl").read_text(), (out / "config.json").read_text()) == before
+
+
+def test_model_that_cannot_be_loaded_offline_points_to_tiny(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text(FIXTURE.read_text())
+    p = subprocess.run([sys.executable, "train.py", "--preset", "qwen-0.5b", "--model", "no-such-org/no-such-model",
+                        "--data", str(tmp_path), "--out", str(tmp_path / "q")],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--preset tiny" in p.stderr, p.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------
+# The traps
+
+def test_mask_uses_positions_when_pad_equals_eos():
+    eos = [0, 7]                        # pad id is 0, which is also an EOS id (as on Qwen)
+    completions = torch.tensor([[5, 6, 0, 0, 0],     # EOS at 2, then padding (= EOS ids)
+                                [7, 0, 0, 0, 0],     # the second EOS id, immediately
+                                [5, 6, 5, 6, 5],     # never stopped: truncated
+                                [0, 0, 0, 0, 0]])    # empty answer: the EOS itself is a token
+    mask, truncated = train.completion_mask(completions, eos)
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert truncated.tolist() == [False, False, True, False]
+    assert (completions != 0).float().tolist() != mask.tolist()   # what a token-id mask would give
+
+
+def test_tiny_tokenizer_pad_is_eos():
+    tok = train.tiny_tokenizer()
+    assert tok.pad_token_id == tok.eos_token_id and tok.padding_side == "left"
+    assert tok.decode(tok("A: 7+5=12\n#### 12")["input_ids"]) == "A: 7+5=12\n#### 12"
+
+
+@pytest.fixture
+def tiny(warm):
+    cfg = train.parse_config(FAST + ["--init", warm, "--temperature", "0.7"])
+    model, tok = train.load_model(cfg, torch.device("cpu"))
+    return cfg, model, tok
+
+
+def test_checkpoint_sampling_defaults_cannot_leak(tiny):
+    from transformers import GenerationConfig
+    cfg, model, tok = tiny
+    model.generation_config = GenerationConfig(do_sample=True, top_k=20, top_p=0.8, repetition_penalty=1.05,
+                                               temperature=0.3)          # what Qwen2.5-Instruct ships
+    enc = tok(["Q: Mia has 3 pens.\nA: ", "Q: 1+1?\nA: "], return_tensors="pt", padding=True, add_special_tokens=False)
+    gen = train.generation_config(model, tok, cfg)
+    gen.update(output_scores=True, output_logits=True, return_dict_in_generate=True)
+    model.generation_config = gen
+    out = model.generate(**enc, generation_config=gen)
+    for scores, logits in zip(out.scores, out.logits):
+        assert torch.allclose(scores, logits / 0.7)   # nothing but the temperature touched them
+
+
+def test_scoring_matches_the_sampling_distribution(tiny):
+    """The log-probs we score (old_logp) must be those of the distribution generate() sampled
+    from: same temperature, same positions under left padding, mask up to the first EOS."""
+    cfg, model, tok = tiny
+    torch.manual_seed(0)
+    questions = ["Mia has 3 pens and buys 12 more. How many pens does Mia have?", "Tom has 5 cups."] * 2
+    enc = tok([train.data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    assert (enc["attention_mask"] == 0).any()           # the short prompts really are left-padded
+    gen = train.generation_config(model, tok, cfg)
+    gen.update(output_logits=True, return_dict_in_generate=True)
+    model.generation_config = gen
+    out = model.generate(**enc, generation_config=gen)
+    completions = out.sequences[:, enc["input_ids"].shape[1]:]
+    sampled = torch.log_softmax(torch.stack(out.logits, 1) / 0.7, -1).gather(-1, completions[..., None])[..., 0]
+    mask, _ = train.completion_mask(completions, train.eos_ids(model, tok))
+    batch = (enc["input_ids"], enc["attention_mask"], completions, mask)
+    logp, entropy = train.score_no_grad(model, batch, cfg, torch.device("cpu"), with_entropy=True)
+    assert torch.allclose(logp * mask, sampled * mask, atol=1e-4)
+    cfg.temperature = 1.0                                # scoring without the temperature: wrong
+    assert not torch.allclose(train.score_no_grad(model, batch, cfg, torch.device("cpu"))[0] * mask,
+                              sampled * mask, atol=1e-2)
+    assert (entropy[mask > 0] > 0).all()
+
+
+def test_ratio_is_one_before_the_first_update_and_warns_otherwise(tiny, capsys):
+    cfg, model, tok = tiny
+    problems = train.load_problems(cfg)[0][:4]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    metrics, _ = train.grpo_step(model, None, tok, opt, sched, problems, cfg, torch.device("cpu"))
+    assert "ratio is not 1" not in capsys.readouterr().err
+    assert metrics["clip_frac"] == 0.0
+    for module in model.modules():                      # dropout at scoring time: a mismatch
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    train.grpo_step(model, None, tok, opt, sched, problems, cfg, torch.device("cpu"))
+    assert "ratio is not 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss, monkeypatch):
+    cfg, model, tok = tiny
+    problems = train.load_problems(cfg)[0][:4]
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    ref = train.copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))         # a reference that differs: the KL term counts too
+    grads = []
+    for micro in (16, 4):
+        cfg.micro_batch, cfg.loss, cfg.max_grad_norm = micro, loss, 1e9
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        torch.manual_seed(5)                            # the same samples both times
+        metrics, _ = train.grpo_step(model, ref, tok, opt, sched, problems, cfg, torch.device("cpu"))
+        assert 0 < metrics["reward"] < 1 and metrics["kl"] > 0
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------
+# Full size: one GRPO step of the real Qwen2.5-0.5B-Instruct architecture on CPU.
+
+SMOKE = r"""
+import resource, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+import train
+from transformers import Qwen2Config, Qwen2ForCausalLM
+torch.manual_seed(0)
+# Qwen2.5-0.5B-Instruct's published config.json, with random weights.
+config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                     bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+policy = Qwen2ForCausalLM(config)
+tok = train.tiny_tokenizer()         # ids 0..96 exist in the big vocabulary as well
+cfg = train.parse_config(["--preset", "qwen-0.5b", "--prompts-per-step", "2", "--group-size", "2",
+                          "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu"])
+policy.gradient_checkpointing_enable()
+ref = train.copy.deepcopy(policy).requires_grad_(False).eval().to(torch.bfloat16)
+opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+problems = [{"question": "Mia has 3 pens and buys 4 more. How many pens?", "answer": "3+4=7\n#### 7"},
+            {"question": "Tom had 9 cups and broke 2. How many are left?", "answer": "9-2=7\n#### 7"}]
+before = policy.model.layers[0].mlp.up_proj.weight.detach().clone()
+t = time.time()
+m, _ = train.grpo_step(policy, ref, tok, opt, sched, problems, cfg, torch.device("cpu"))
+changed = not torch.equal(before, policy.model.layers[0].mlp.up_proj.weight)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+print(f"RESULT peak_rss_gib={peak:.2f} step_s={time.time() - t:.1f} params={sum(p.numel() for p in policy.parameters())} "
+      f"loss={m['loss']:.4f} grad_norm={m['grad_norm']:.3f} entropy={m['entropy']:.3f} changed={changed}")
+"""
+
+
+@pytest.mark.slow
+def test_full_size_qwen_step_on_cpu_in_bf16():
+    p = subprocess.run([sys.executable, "-c", SMOKE, str(REPO)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
+    print(line)
+    fields = dict(kv.split("=") for kv in line.split()[1:])
+    assert fields["changed"] == "True" and float(fields["grad_norm"]) > 0
+    assert int(fields["params"]) == 494_032_768
+    assert float(fields["entropy"]) > 5                 # random weights: near-uniform over 152k words
+    assert float(fields["peak_rss_gib"]) < 10
