@@ -61,7 +61,7 @@ class Config:
     scale_std: bool = True         # False = Dr. GRPO advantages (no std division)
     updates_per_batch: int = 1     # >1 makes later updates off-policy (ratio != 1, clipping)
     temperature: float = 1.0
-    max_new_tokens: int = 24
+    max_new_tokens: int = 20
     eval_every: int = 25           # 0 = only at the start and the end
     eval_n: int = 500
     eval_batch: int = 250
@@ -74,7 +74,7 @@ class Config:
     threads: int = 0               # CPU threads; 0 = torch's default
     level: int = 1                 # synthetic problem difficulty (tiny preset)
     # The tiny preset's supervised warm-up (cached on disk, shared by every loss and seed).
-    sft_steps: int = 350
+    sft_steps: int = 300
     sft_lr: float = 3e-3
     sft_batch: int = 64
     warmup_only: bool = False      # build the warm start and stop
@@ -86,7 +86,7 @@ PRESETS = {
     "tiny": dict(),
     # One 12 GB GPU: full fine-tuning, fp32 master weights + AdamW, bf16 autocast.
     "qwen-0.5b": dict(model="Qwen/Qwen2.5-0.5B-Instruct", steps=500, group_size=8, prompts_per_step=8,
-                      micro_batch=4, lr=1e-6, lr_warmup_steps=10, max_new_tokens=400, eval_every=50,
+                      micro_batch=2, lr=1e-6, lr_warmup_steps=10, max_new_tokens=400, eval_every=50,
                       eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
                       grad_checkpointing=True),
     # One 24 GB GPU: LoRA (full fine-tuning needs ~25 GB for weights, grads and AdamW alone).
@@ -169,10 +169,14 @@ def tiny_model(tok):
 
 def load_model(cfg, device):
     """(policy, tokenizer) from --init / --model, or the tiny model's cached warm start."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     source = cfg.init or cfg.model or warm_start(cfg)
     try:
         tok = AutoTokenizer.from_pretrained(source)
+        if type(tok).__name__ != "TokenizersBackend" and _plain_tokenizer_json(source):
+            # transformers 5 maps a plain tokenizer.json to the model type's class (Qwen2Tokenizer),
+            # which re-splits text Qwen's way and silently breaks our character tokenizer.
+            tok = PreTrainedTokenizerFast.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     except OSError as e:
         raise SystemExit(f"error: could not load the model '{source}' ({e.__class__.__name__}). Without network "
@@ -196,6 +200,12 @@ def load_model(cfg, device):
                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                  "gate_proj", "up_proj", "down_proj"]))
     return model, tok
+
+
+def _plain_tokenizer_json(source):
+    config = Path(source) / "tokenizer_config.json"
+    return config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
+        "TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def eos_ids(model, tok):

@@ -26,6 +26,9 @@ def warm(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
     path = train.warm_start(train.parse_config(FAST + ["--out", str(root / "x")]))
     assert (Path(path) / "config.json").exists() and (Path(path) / "tokenizer.json").exists()
+    _, tok = train.load_model(train.parse_config(FAST + ["--init", path]), torch.device("cpu"))
+    text = "Q: Mia has 7 pens.\nA: 7+5=12\n#### 12"
+    assert tok(text)["input_ids"] == train.tiny_tokenizer()(text)["input_ids"]   # loads exactly as saved
     return path
 
 

@@ -1,0 +1,69 @@
+"""compare.py — the four losses from the same warm start, then the figures and the table.
+
+    python compare.py                      # 4 losses x 2 seeds on the tiny preset, 2 runs at a time
+    python compare.py --seeds 0 --steps 60 # quicker
+
+Runs ``train.py --preset tiny`` for every loss and seed (in parallel, splitting the CPU
+threads between jobs), then ``plots.py --table`` on all of them. Outputs go to
+``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in its
+``train.log``. Extra arguments after ``--`` are passed to every train.py run.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import plots
+from losses import LOSSES
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at the same time")
+    parser.add_argument("--steps", type=int, default=None, help="override the preset's --steps")
+    parser.add_argument("--out", default="runs/compare")
+    parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 2) // args.jobs)
+    common = ["--preset", "tiny", "--threads", str(threads)] + (["--steps", str(args.steps)] if args.steps else [])
+    common += args.extra
+    start = time.time()
+
+    # The shared warm start, built once before the parallel runs so they never race for it.
+    print("building (or reusing) the warm start ...", flush=True)
+    subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--out", str(out / "warm"), "--warmup-only",
+                    "--threads", str(os.cpu_count() or 2)], check=True)
+
+    def one(job):
+        loss, seed = job
+        run = out / f"{loss}-s{seed}"
+        flags = ["--resume"] if (run / "ckpt" / "last.pt").exists() else []
+        with open(out / f"{loss}-s{seed}.log", "w") as log:
+            p = subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--loss", loss, "--seed", str(seed),
+                                "--out", str(run), *flags], stdout=log, stderr=subprocess.STDOUT)
+        status = "ok" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {out / f'{loss}-s{seed}.log'})"
+        print(f"  {loss:8s} seed {seed}: {status}  [{time.time() - start:.0f}s]", flush=True)
+        return run if p.returncode == 0 else None
+
+    jobs = [(loss, seed) for seed in args.seeds for loss in args.losses]
+    print(f"{len(jobs)} runs, {args.jobs} at a time, {threads} thread(s) each ...", flush=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        done = [r for r in pool.map(one, jobs) if r is not None]
+    if not done:
+        raise SystemExit("error: every run failed; see the logs above")
+    plots.main([str(r) for r in done] + ["--out", str(out / "figures"), "--table"])
+    print(f"total {time.time() - start:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""plots.py — figures from the runs' plain JSONL logs (no training, works on partial logs).
+
+    python plots.py runs/compare/*-s* --out runs/compare/figures --table
+
+writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png, summary.png (the four in
+one), token_weights.png (which tokens each loss trusts, on one stored group) and, with
+--table, results.md: a table per loss over seeds.
+"""
+import argparse
+import json
+import math
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+from losses import LOSSES  # noqa: E402
+
+COLORS = {"grpo": "#4C72B0", "tr_grpo": "#DD8452", "cw_grpo": "#55A868", "tepo": "#C44E52"}
+ORDER = list(LOSSES)
+PANELS = {   # metric -> (title, y label)
+    "entropy": ("Policy entropy — a collapse means exploration dies", "nats per token"),
+    "grad_norm": ("Gradient norm before clipping — spikes mean unstable updates", "L2 norm"),
+    "reward": ("Mean reward of the sampled answers", "reward (1 = right, +0.1 format)"),
+    "eval_accuracy": ("Held-out accuracy, greedy decoding", "fraction correct"),
+}
+
+
+# ----------------------------------------------------------------------------------------
+# Reading runs
+
+def read_jsonl(path):
+    """Records of a JSONL file; a half-written last line (run in progress) is skipped."""
+    records, lines = [], Path(path).read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                print(f"warning: {path}: skipping an incomplete last line (run still writing?)", file=sys.stderr)
+            else:
+                raise SystemExit(f"error: {path}, line {i + 1}: not valid JSON")
+    return records
+
+
+def read_run(run_dir):
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        raise SystemExit(f"error: {run_dir} has no metrics.jsonl (is it a run directory of train.py?)")
+    cfg_path = run_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    records = read_jsonl(metrics)
+    return {"dir": run_dir, "loss": cfg.get("loss", run_dir.name), "seed": cfg.get("seed", "?"), "config": cfg,
+            "train": [r for r in records if "loss" in r], "eval": [r for r in records if "eval_accuracy" in r]}
+
+
+def ema(values, smooth):
+    out, avg = [], None
+    for v in values:
+        avg = v if avg is None else smooth * avg + (1 - smooth) * v
+        out.append(avg)
+    return out
+
+
+def by_loss(runs):
+    groups = defaultdict(list)
+    for r in runs:
+        groups[r["loss"]].append(r)
+    return sorted(groups.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 99)
+
+
+# ----------------------------------------------------------------------------------------
+# Trajectories
+
+def draw_metric(ax, runs, key, smooth):
+    title, ylabel = PANELS[key]
+    for loss, group in by_loss(runs):
+        color = COLORS.get(loss, "gray")
+        series = []
+        for r in group:
+            rows = r["eval"] if key == "eval_accuracy" else r["train"]
+            steps = [x["step"] for x in rows if key in x]
+            values = [x[key] for x in rows if key in x]
+            if not values:
+                continue
+            if key == "eval_accuracy":
+                ax.plot(steps, values, color=color, alpha=0.35, marker="o", markersize=3, linewidth=1)
+            else:
+                ax.plot(steps, values, color=color, alpha=0.15, linewidth=0.8)
+                values = ema(values, smooth)
+            series.append((steps, values))
+        if not series:
+            continue
+        n = min(len(s[0]) for s in series)
+        mean = [sum(s[1][i] for s in series) / len(series) for i in range(n)]
+        label = f"{loss} ({len(series)} seed{'s' if len(series) > 1 else ''})"
+        ax.plot(series[0][0][:n], mean, color=color, linewidth=2.2, label=label)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, frameon=False)
+
+
+def trajectory_figures(runs, out, smooth):
+    for key in PANELS:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+        draw_metric(ax, runs, key, smooth)
+        fig.tight_layout()
+        fig.savefig(out / f"{key}.png")
+        plt.close(fig)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), dpi=110)
+    for ax, key in zip(axes.flat, ["entropy", "grad_norm", "reward", "eval_accuracy"]):
+        draw_metric(ax, runs, key, smooth)
+    fig.suptitle("Four token-level losses from the same start (faint: raw; bold: smoothed mean over seeds)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out / "summary.png")
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------
+# Token weights: the same stored tokens, weighted by each loss
+
+def token_weights(sample):
+    """Per-token weights (and TEPO's KL mask) the four losses give a stored group,
+    recomputed with losses.LOSSES on its log-probs, entropies and advantages. beta = 0: no
+    reference log-probs are stored, and the weights do not depend on them."""
+    logp = torch.tensor(sample["logp"], dtype=torch.float32)
+    mask = torch.tensor(sample["mask"], dtype=torch.float32)
+    entropy = torch.tensor(sample["entropy"], dtype=torch.float32)
+    adv = torch.tensor(sample["advantages"], dtype=torch.float32)
+    out = {}
+    for name, fn in LOSSES.items():
+        _, info = fn(logp, logp, None, adv, mask, entropy, beta=0.0)
+        out[name] = (info["weights"], info.get("kl_mask", torch.zeros_like(mask)))
+    return out
+
+
+def show(token):
+    return token.replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍") or "∅"
+
+
+def token_figure(sample, path, max_chars=48):
+    weights = token_weights(sample)
+    rewards = sample["rewards"]
+    picks = sorted({max(range(len(rewards)), key=lambda i: rewards[i]), min(range(len(rewards)), key=lambda i: rewards[i])})
+    lines = []                                  # (loss, completion index, [(token, weight, masked)])
+    for name in ORDER:
+        w, m = weights[name]
+        for i in picks:
+            toks = [(show(t), w[i, j].item(), m[i, j].item() > 0)
+                    for j, t in enumerate(sample["tokens"][i]) if sample["mask"][i][j]]
+            row, width = [], 0
+            for tok in toks:                    # wrap long completions
+                if width + len(tok[0]) > max_chars and row:
+                    lines.append((name, i, row))
+                    row, width = [], 0
+                row.append(tok)
+                width += len(tok[0])
+            lines.append((name, i, row))
+    all_w = torch.cat([weights[n][0][torch.tensor(sample["mask"]) > 0] for n in ORDER])
+    norm = TwoSlopeNorm(vmin=min(0.0, all_w.min().item()), vcenter=1.0, vmax=max(1.5, all_w.max().item()))
+    cmap = plt.get_cmap("RdYlBu")
+    fig = plt.figure(figsize=(15, 0.42 * len(lines) + 2.6), dpi=110)
+    text_ax = fig.add_axes([0.01, 0.16, 0.58, 0.72])
+    text_ax.set_xlim(0, max_chars + 16)
+    text_ax.set_ylim(len(lines), -0.5)
+    text_ax.axis("off")
+    previous = None
+    for y, (name, i, row) in enumerate(lines):
+        if (name, i) != previous:
+            label = f"{name}  A={sample['advantages'][i]:+.2f}"
+            text_ax.text(0, y, label, fontsize=8.5, color=COLORS[name], va="center", fontweight="bold", parse_math=False)
+            previous = (name, i)
+        x = 15.5
+        for tok, w, masked in row:
+            text_ax.text(x, y, tok, family="monospace", fontsize=9, va="center", ha="left", parse_math=False,
+                         bbox=dict(boxstyle="square,pad=0.15", facecolor=cmap(norm(w)),
+                                   edgecolor="black" if masked else "none", linewidth=1.4 if masked else 0))
+            x += max(len(tok), 1) * 1.0
+    question = sample["prompt"].strip().splitlines()
+    text_ax.set_title(textwrap.shorten(" ".join(question), 110, placeholder=" …"), fontsize=9, loc="left",
+                      parse_math=False)
+    cax = fig.add_axes([0.05, 0.09, 0.5, 0.02])
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal")
+    bar.set_label("per-token weight (1 = as in GRPO; black outline = TEPO's KL mask)", fontsize=9)
+    ax = fig.add_axes([0.66, 0.15, 0.32, 0.7])
+    p = torch.tensor(sample["logp"]).exp()
+    valid = torch.tensor(sample["mask"]) > 0
+    for name in ORDER:
+        w = weights[name][0]
+        label = f"{name} (always 1)" if name in ("grpo", "tepo") else name
+        ax.scatter(p[valid], w[valid], s=10, alpha=0.6, color=COLORS[name], label=label)
+    ax.set_xlabel("token probability p under the sampling policy")
+    ax.set_ylabel("weight the loss gives the token")
+    ax.set_title("Weight vs probability (all tokens of the group)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    fig.suptitle(f"Which tokens each loss trusts — one sampled group, step {sample['step']} "
+                 f"(best and worst answer; CW-GRPO's statistics here are this group's own)", fontsize=11)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------
+# Table
+
+def summary_table(runs):
+    rows = ["| loss | seeds | held-out acc. start → end | entropy start → end | grad norm mean / max |",
+            "|---|---|---|---|---|"]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    for loss, group in by_loss(runs):
+        acc0 = [r["eval"][0]["eval_accuracy"] for r in group if r["eval"]]
+        acc1 = [r["eval"][-1]["eval_accuracy"] for r in group if r["eval"]]
+        h0 = [mean([x["entropy"] for x in r["train"][:5]]) for r in group if r["train"]]
+        h1 = [mean([x["entropy"] for x in r["train"][-5:]]) for r in group if r["train"]]
+        g = [x["grad_norm"] for r in group for x in r["train"]]
+        fmt = lambda xs: " / ".join(f"{x:.3f}" for x in xs)
+        rows.append(f"| {loss} | {len(group)} | {mean(acc0):.3f} → {mean(acc1):.3f} ({fmt(acc1)}) | "
+                    f"{mean(h0):.3f} → {mean(h1):.3f} | {mean(g):.3f} / {max(g) if g else float('nan'):.3f} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Figures and a table from train.py run directories.")
+    parser.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--out", default="figures", help="where to write the PNGs (and results.md)")
+    parser.add_argument("--smooth", type=float, default=0.8, help="EMA smoothing factor in [0, 1)")
+    parser.add_argument("--table", action="store_true", help="print a markdown table and write results.md")
+    args = parser.parse_args(argv)
+    runs = [read_run(d) for d in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trajectory_figures(runs, out, args.smooth)
+    written = [f"{k}.png" for k in PANELS] + ["summary.png"]
+    for r in runs:                              # the last stored group of the first run that has one
+        samples = r["dir"] / "samples.jsonl"
+        if samples.exists() and (records := read_jsonl(samples)):
+            token_figure(records[-1], out / "token_weights.png")
+            written.append("token_weights.png")
+            break
+    if args.table:
+        table = summary_table(runs)
+        (out / "results.md").write_text(table)
+        print(table)
+    print(f"wrote {', '.join(written)} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Tests for plots.py on small hand-made logs (no training)."""
+import json
+import math
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+import plots
+from losses import LOSSES
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def make_run(root, loss, seed, steps=12, partial=False, samples=True):
+    run = root / f"{loss}-s{seed}"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"loss": loss, "seed": seed, "preset": "tiny", "group_size": 4}))
+    lines = [json.dumps({"step": 0, "eval_accuracy": 0.2, "eval_n": 500})]
+    for s in range(1, steps + 1):
+        lines.append(json.dumps({"step": s, "loss": 0.01 * s, "reward": 0.2 + 0.02 * s, "entropy": 1.0 - 0.01 * s * (seed + 1),
+                                 "grad_norm": 0.5 + (s % 3), "kl": 0.001 * s}))
+    lines.append(json.dumps({"step": steps, "eval_accuracy": 0.3 + 0.1 * seed, "eval_n": 500}))
+    text = "\n".join(lines) + "\n"
+    if partial:
+        text += '{"step": 13, "loss": 0.1, "rew'          # a run still writing its next line
+    (run / "metrics.jsonl").write_text(text)
+    if samples:
+        (run / "samples.jsonl").write_text(json.dumps(SAMPLE) + "\n")
+    return run
+
+
+TOKENS = [["7", "+", "5", "=", "1", "2", "\n", "#", "#", "#", "#", " ", "1", "2", "<|endoftext|>"],
+          ["$", "\\", "_", "^", "{", "}", "%", "\n", "#", "#", "#", "#", " ", "9", "<|endoftext|>"],
+          ["1", "0", "\n", "\t", "#", "#", "#", "#", " ", "1", "0", "<|endoftext|>", "", "", ""],
+          ["$x^2$", " ", "=", " ", "4", "<|endoftext|>", "", "", "", "", "", "", "", "", ""]]
+MASK = [[1] * 15, [1] * 15, [1] * 12 + [0] * 3, [1] * 6 + [0] * 9]
+g = torch.Generator().manual_seed(0)
+SAMPLE = {"step": 10, "prompt": "Q: Mia has 7 $apples$ and buys 5 more.\nA: ", "completions": ["a", "b", "c", "d"],
+          "tokens": TOKENS, "mask": MASK,
+          "logp": torch.log(torch.rand(4, 15, generator=g) * 0.98 + 0.01).tolist(),
+          "entropy": (torch.rand(4, 15, generator=g) * 2).tolist(),
+          "advantages": [1.3, -0.4, 0.5, -1.4], "rewards": [1.1, 0.0, 1.0, 0.0]}
+
+
+def assert_png(path):
+    assert path.read_bytes()[:8] == PNG
+    image = plt.imread(path)
+    assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_all_figures_from_several_runs(tmp_path):
+    runs = [make_run(tmp_path, loss, seed) for loss in LOSSES for seed in (0, 1)]
+    out = tmp_path / "fig"
+    assert plots.main([str(r) for r in runs] + ["--out", str(out), "--table"]) == 0
+    for name in ["entropy", "grad_norm", "reward", "eval_accuracy", "summary", "token_weights"]:
+        assert_png(out / f"{name}.png")
+    assert (out / "results.md").exists()
+
+
+def test_one_partial_run_without_samples(tmp_path, capsys):
+    run = make_run(tmp_path, "tepo", 0, partial=True, samples=False)
+    out = tmp_path / "fig"
+    assert plots.main([str(run), "--out", str(out)]) == 0
+    assert "incomplete last line" in capsys.readouterr().err
+    assert_png(out / "summary.png")
+    assert not (out / "token_weights.png").exists()
+    assert len(plots.read_run(run)["train"]) == 12
+
+
+def test_directory_without_metrics_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no metrics.jsonl"):
+        plots.main([str(tmp_path / "empty"), "--out", str(tmp_path / "fig")])
+
+
+def test_empty_metrics_file_still_draws_empty_axes(tmp_path):
+    run = make_run(tmp_path, "grpo", 0, samples=False)
+    (run / "metrics.jsonl").write_text("")
+    assert plots.main([str(run), "--out", str(tmp_path / "fig")]) == 0
+    assert_png(tmp_path / "fig" / "summary.png")
+
+
+def test_token_weight_rows_are_what_the_losses_return():
+    weights = plots.token_weights(SAMPLE)
+    logp, mask = torch.tensor(SAMPLE["logp"]), torch.tensor(SAMPLE["mask"], dtype=torch.float32)
+    entropy, adv = torch.tensor(SAMPLE["entropy"]), torch.tensor(SAMPLE["advantages"])
+    for name, fn in LOSSES.items():
+        _, info = fn(logp, logp, None, adv, mask, entropy, beta=0.0)
+        assert torch.equal(weights[name][0], info["weights"])
+    assert torch.equal(weights["tepo"][1], LOSSES["tepo"](logp, logp, None, adv, mask, entropy, beta=0.0)[1]["kl_mask"])
+    assert not torch.equal(weights["tr_grpo"][0], weights["grpo"][0])
+
+
+def test_special_characters_render(tmp_path):
+    plots.token_figure(SAMPLE, tmp_path / "t.png")      # $, \, ^, _, {} and newlines: no mathtext errors
+    assert_png(tmp_path / "t.png")
+    assert plots.show("\n") == "⏎" and plots.show("") == "∅"
+
+
+def test_table_numbers(tmp_path):
+    runs = [plots.read_run(make_run(tmp_path, "grpo", s)) for s in (0, 1)]
+    table = plots.summary_table(runs)
+    row = [l for l in table.splitlines() if l.startswith("| grpo")][0]
+    # accuracy: start 0.2 for both seeds, end 0.3 and 0.4 -> mean 0.35
+    assert "0.200 → 0.350 (0.300 / 0.400)" in row
+    # entropy: seed 0 first five steps 0.99..0.95 (mean 0.97), seed 1 0.98..0.90 (mean 0.94) -> 0.955
+    assert "0.955 →" in row
+    # grad norm: 0.5 + (s % 3) over s = 1..12 -> mean 1.5, max 2.5
+    assert "1.500 / 2.500" in row
+    assert math.isclose(plots.ema([1, 0], 0.5)[-1], 0.5)
