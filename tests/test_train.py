@@ -285,6 +285,49 @@ def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
+def test_lora_reference_is_the_base_with_adapters_disabled(warm):
+    """qwen-1.5b trains LoRA adapters; its KL reference is the same model with the adapters
+    switched off (no second copy). Only adapter weights may change, and the reference must
+    stay exactly the starting model."""
+    pytest.importorskip("peft")
+    cfg = train.parse_config(FAST + ["--init", warm, "--lora-rank", "4", "--lr", "1e-2"])
+    policy, tok = train.load_model(cfg, torch.device("cpu"))
+    base, _ = train.load_model(train.parse_config(FAST + ["--init", warm]), torch.device("cpu"))
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    frozen = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    problems = train.load_problems(cfg)[0][:4]
+    for _ in range(2):                                   # LoRA's B starts at 0: step twice
+        metrics, _ = train.grpo_step(policy, None, tok, opt, sched, problems, cfg, torch.device("cpu"))
+    assert metrics["kl"] > 0                             # the adapters moved away from the base
+    assert all(torch.equal(p, frozen[n]) for n, p in policy.named_parameters() if not p.requires_grad)
+    torch.manual_seed(0)
+    _, _, completions, mask, _ = train.rollout(base, tok, [p["question"] for p in problems], cfg)
+    enc = tok([train.data.render_prompt(tok, p["question"]) for p in problems], return_tensors="pt",
+              padding=True, add_special_tokens=False)
+    batch = (enc["input_ids"], enc["attention_mask"], completions, mask)
+    want = train.score_no_grad(base, batch, cfg, torch.device("cpu"))[0] * mask
+    with policy.disable_adapter():
+        assert torch.allclose(train.score_no_grad(policy, batch, cfg, torch.device("cpu"))[0] * mask, want, atol=1e-5)
+    assert not torch.allclose(train.score_no_grad(policy, batch, cfg, torch.device("cpu"))[0] * mask, want, atol=1e-3)
+
+
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+def test_qwen_preset_reads_local_gsm8k():
+    if not (GSM8K / "train.jsonl").exists():
+        pytest.skip(f"GSM8K not found at {GSM8K}")
+    cfg = train.parse_config(["--preset", "qwen-0.5b", "--data", str(GSM8K)])
+    train_set, held_out = train.load_problems(cfg)
+    assert len(train_set) == 7473 and len(held_out) == cfg.eval_n == 500
+    assert all(train.rewards.gold_answer(p["answer"]) is not None for p in train_set[:50] + held_out[:50])
+    assert train.batch_of_prompts(train_set, cfg, 1) != train.batch_of_prompts(train_set, cfg, 2)
+
+
 # ----------------------------------------------------------------------------------------
 # Full size: one GRPO step of the real Qwen2.5-0.5B-Instruct architecture on CPU.
 
@@ -305,7 +348,7 @@ cfg = train.parse_config(["--preset", "qwen-0.5b", "--prompts-per-step", "2", "-
                           "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu"])
 policy.gradient_checkpointing_enable()
 ref = train.copy.deepcopy(policy).requires_grad_(False).eval().to(torch.bfloat16)
-opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+opt = train.make_optimizer(policy, cfg)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 problems = [{"question": "Mia has 3 pens and buys 4 more. How many pens?", "answer": "3+4=7\n#### 7"},
             {"question": "Tom had 9 cups and broke 2. How many are left?", "answer": "9-2=7\n#### 7"}]
