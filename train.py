@@ -268,7 +268,10 @@ def generation_config(model, tok, cfg, greedy=False):
     top_k=20, top_p=0.8, repetition_penalty=1.05) which would silently sample from another
     distribution than the one we score, so we replace the model's generation config."""
     from transformers import GenerationConfig
-    return GenerationConfig(do_sample=not greedy, temperature=1.0 if greedy else cfg.temperature, top_k=0,
+    # top_k=0 is what disables top-k sampling; greedy decoding has no warpers at all, and
+    # transformers warns about top_k=0 there, so leave it unset.
+    return GenerationConfig(do_sample=not greedy, temperature=1.0 if greedy else cfg.temperature,
+                            top_k=None if greedy else 0,
                             top_p=1.0, min_p=None, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
                             max_new_tokens=cfg.max_new_tokens, eos_token_id=eos_ids(model, tok),
                             pad_token_id=tok.pad_token_id, bos_token_id=None, use_cache=True)
