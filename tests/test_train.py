@@ -285,7 +285,7 @@ def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
-def test_lora_reference_is_the_base_with_adapters_disabled(warm):
+def test_lora_reference_is_the_base_with_adapters_disabled(warm, monkeypatch):
     """qwen-1.5b trains LoRA adapters; its KL reference is the same model with the adapters
     switched off (no second copy). Only adapter weights may change, and the reference must
     stay exactly the starting model."""
@@ -300,6 +300,8 @@ def test_lora_reference_is_the_base_with_adapters_disabled(warm):
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     problems = train.load_problems(cfg)[0][:4]
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    torch.manual_seed(1)
     for _ in range(2):                                   # LoRA's B starts at 0: step twice
         metrics, _ = train.grpo_step(policy, None, tok, opt, sched, problems, cfg, torch.device("cpu"))
     assert metrics["kl"] > 0                             # the adapters moved away from the base
