@@ -194,7 +194,7 @@ def cw_grpo_weights(logp, advantages, mask, scope="batch", group_size=None):
                           zip(logp.split(group_size), advantages.split(group_size), mask.split(group_size))])
     if scope != "batch":
         raise ValueError(f"scope must be 'batch' or 'group', got {scope!r}")
-    l, a, m = logp.detach(), advantages.detach(), mask.to(logp.dtype)
+    l, a, m = logp.detach(), advantages.detach().to(logp.dtype), mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
     masked_mean = lambda x: torch.dot(x.flatten(), m.flatten()) / n     # mean over valid tokens
     c = (l - masked_mean(l)) * (a - torch.dot(a, m.sum(-1)) / n)[:, None]   # A_i counts |o_i| times

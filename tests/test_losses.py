@@ -10,7 +10,15 @@ from losses import (AGGREGATIONS, LOSSES, aggregate, cw_grpo_loss, cw_grpo_weigh
                     group_advantages, microbatch_scale, tepo_loss, token_entropy, token_logprobs,
                     tr_grpo_loss, tr_grpo_weights)
 
-torch.set_default_dtype(torch.float64)   # every test in this file computes in float64
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """Every test in this file computes in float64 (restored afterwards: other files need float32)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 ALL = list(LOSSES)
 
 
