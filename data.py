@@ -7,6 +7,7 @@ evaluation and the tests alike, so they can never drift apart.
 """
 import json
 import random
+import re
 from pathlib import Path
 
 from rewards import gold_answer
@@ -86,8 +87,11 @@ def _parse_row(line, path, lineno):
 NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Eli", "Ana", "Ben", "Kim"]
 ITEMS = ["apples", "pens", "cards", "shells", "books", "coins", "eggs", "stamps", "cups", "toys"]
 
-# Level 1: one addition or subtraction, operands 1-20. Short on purpose: the tiny model reads
-# characters, so every character of the question is a step of attention.
+# Level 1: one addition or subtraction of one-digit numbers. Short on purpose: the tiny model
+# reads characters, so every character of the question is a step of attention. (Operands 1-20
+# were the first plan; measured: 400 SFT steps bring the 0.5M-parameter model only to ~20%
+# there, against ~80% after 200 steps with operands 1-9, so the demo would be all warm-up.)
+LEVEL1_MAX = 9
 LEVEL1 = [
     ("{n} has {a} {i}. {n} buys {b} more. How many {i} does {n} have?", "+"),
     ("{n} picks {a} {i} and then {b} more. How many {i} in all?", "+"),
@@ -121,11 +125,11 @@ LEVEL3 = [
 def make_synthetic(n, level=1, seed=0, exclude=None):
     """``n`` GSM8K-style problems with integer answers, deterministic for ``seed``.
 
-    Level 1: one addition or subtraction of numbers 1-20 (answers never negative) — what a
+    Level 1: one addition or subtraction of numbers 1-9 (answers never negative) — what a
     0.5M-parameter character-level model learns in minutes. Level 2: two steps with
     multiplication, numbers up to 50. Level 3: division with exact results and three steps.
     Several templates, names and items per level, so the model must read the numbers rather
-    than memorise sentences. The level-1 space is small (~40k questions), so problems from two
+    than memorise sentences. The level-1 space is small (~60k questions), so problems from two
     seeds can coincide: pass the training questions as ``exclude`` when building a held-out set.
     """
     if level not in (1, 2, 3):
@@ -149,7 +153,7 @@ def _one_problem(rng, level):
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     if level == 1:
         template, op = rng.choice(LEVEL1)
-        a, b = rng.randint(1, 20), rng.randint(1, 20)
+        a, b = rng.randint(1, LEVEL1_MAX), rng.randint(1, LEVEL1_MAX)
         if op == "-" and b > a:
             a, b = b, a
         result = a + b if op == "+" else a - b
@@ -165,3 +169,26 @@ def _one_problem(rng, level):
     question = template.format(n=name, i=item, a=a, b=b, c=c, ab=a * b)
     lines = [f"{expr}={value}" for expr, value in worked]
     return {"question": question, "answer": "\n".join(lines) + f"\n#### {worked[-1][1]}"}
+
+
+VERBS = {"+": "add", "-": "take away", "*": "multiply by", "/": "divide by"}
+
+
+def wordy_solution(problem):
+    """The same worked solution, written the long way round:
+
+        "7+5=12\n#### 12"  ->  "We start with 7 and then add 5, so 7+5=12\n#### 12"
+
+    The tiny preset's warm-up mixes both styles, the way real SFT data mixes terse and chatty
+    answers. Within the tiny preset's 20-token budget the wordy one is cut off before its first
+    "=", so it can never score: the warm-up leaves a behaviour for GRPO to discover (see the
+    README, "What the tiny demo can show").
+    """
+    first, _, _ = problem["answer"].partition("\n")
+    m = re.match(r"(\d+)([-+*/])(\d+)=", first)
+    if not m:
+        raise ValueError(f"not a synthetic worked solution: {problem['answer']!r}")
+    a, op, b = m.groups()
+    return {"question": problem["question"],
+            "answer": f"We start with {a} and then {VERBS[op]} {b}, so {problem['answer']}"}
+

@@ -244,10 +244,11 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     trajectory_figures(runs, out, args.smooth)
     written = [f"{k}.png" for k in PANELS] + ["summary.png"]
-    for r in runs:                              # the last stored group of the first run that has one
+    for r in runs:           # the first run with stored groups: its last group with mixed rewards
         samples = r["dir"] / "samples.jsonl"
         if samples.exists() and (records := read_jsonl(samples)):
-            token_figure(records[-1], out / "token_weights.png")
+            mixed = [rec for rec in records if len(set(rec["rewards"])) > 1]
+            token_figure((mixed or records)[-1], out / "token_weights.png")
             written.append("token_weights.png")
             break
     if args.table:

@@ -74,9 +74,10 @@ class Config:
     threads: int = 0               # CPU threads; 0 = torch's default
     level: int = 1                 # synthetic problem difficulty (tiny preset)
     # The tiny preset's supervised warm-up (cached on disk, shared by every loss and seed).
-    sft_steps: int = 300
+    sft_steps: int = 200
     sft_lr: float = 3e-3
     sft_batch: int = 64
+    sft_wordy: float = 0.5         # share of warm-up solutions in the long style (data.wordy_solution)
     warmup_only: bool = False      # build the warm start and stop
 
 
@@ -436,11 +437,14 @@ def evaluate(model, tok, problems, cfg):
 
 # ----------------------------------------------------------------------------------------
 # The tiny preset's warm start: a short supervised fine-tune on worked solutions, so GRPO
-# starts from a model that is sometimes right (GRPO needs groups with mixed rewards).
+# starts from a model that is sometimes right (GRPO needs groups with mixed rewards). Half the
+# solutions are in the wordy style that overruns the token budget: greedy decoding then picks
+# it for most questions although half the samples are terse, and GRPO has a behaviour to find.
 
 def warm_start(cfg):
     """Directory of the cached warm start for these settings; built on first use."""
-    settings = dict(level=cfg.level, sft_steps=cfg.sft_steps, sft_lr=cfg.sft_lr, sft_batch=cfg.sft_batch, v=1)
+    settings = dict(level=cfg.level, sft_steps=cfg.sft_steps, sft_lr=cfg.sft_lr, sft_batch=cfg.sft_batch,
+                    sft_wordy=cfg.sft_wordy, level1_max=data.LEVEL1_MAX, v=2)
     key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
     path = Path(cfg.out).parent / f"warmstart-tiny-{key}"     # beside the runs that share it
     if (path / "config.json").exists():
@@ -455,7 +459,7 @@ def warm_start(cfg):
     model.train()
     bar = tqdm(range(cfg.sft_steps), desc="SFT warm-up")
     for _ in bar:
-        rows = rng.sample(train, cfg.sft_batch)
+        rows = [data.wordy_solution(p) if rng.random() < cfg.sft_wordy else p for p in rng.sample(train, cfg.sft_batch)]
         prompts = [data.render_prompt(tok, p["question"]) for p in rows]
         texts = [pr + p["answer"] + tok.eos_token for pr, p in zip(prompts, rows)]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from data import SYSTEM_PROMPT, build_messages, load_gsm8k, make_synthetic, render_prompt
+from data import SYSTEM_PROMPT, build_messages, load_gsm8k, make_synthetic, render_prompt, wordy_solution
 from rewards import correctness_reward, gold_answer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gsm8k.jsonl"
@@ -89,7 +89,7 @@ def test_synthetic_answers_are_correct(level):
         if level == 1:
             a, b = re.fullmatch(r"(\d+)[-+](\d+)=\d+", lines[0]).groups()
             assert sorted([int(a), int(b)]) == sorted(map(int, re.findall(r"\d+", p["question"])))
-            assert 1 <= int(a) <= 20 and 1 <= int(b) <= 20 and len(p["question"]) <= 90
+            assert 1 <= int(a) <= 9 and 1 <= int(b) <= 9 and len(p["question"]) <= 90
 
 
 def test_synthetic_is_deterministic_and_seeds_differ():
@@ -114,3 +114,25 @@ def test_render_prompt_uses_the_chat_template():
     assert text == f"<system>{SYSTEM_PROMPT}</system><user>What is 2+2?</user><assistant>"
     assert build_messages("q")[1] == {"role": "user", "content": "q"}
     assert "####" in SYSTEM_PROMPT
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_wordy_solution_is_the_same_solution_written_long(level):
+    for p in make_synthetic(200, level, seed=5):
+        w = wordy_solution(p)
+        assert w["question"] == p["question"] and w["answer"].endswith(p["answer"])
+        assert w["answer"].startswith("We start with ") and gold_answer(w["answer"]) == gold_answer(p["answer"])
+        assert correctness_reward(w["answer"], gold_answer(p["answer"])) == 1.0
+
+
+def test_wordy_level1_solution_never_scores_when_cut_to_the_tiny_budget():
+    # The tiny preset samples 20 new tokens (characters): the wordy style must then score 0,
+    # never by luck (the cut text's last number is the first operand, never the answer).
+    for p in make_synthetic(2000, 1, seed=6):
+        cut = wordy_solution(p)["answer"][:20]
+        assert "=" not in cut and correctness_reward(cut, gold_answer(p["answer"])) == 0.0
+
+
+def test_wordy_solution_rejects_other_answers():
+    with pytest.raises(ValueError, match="not a synthetic worked solution"):
+        wordy_solution({"question": "q", "answer": "Natalia sold 48/2 = 24 clips.\n#### 72"})
