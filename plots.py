@@ -232,6 +232,13 @@ def summary_table(runs):
     return "\n".join(rows) + "\n"
 
 
+def pick_group(records):
+    """The last stored group whose rewards differ (all-equal rewards mean zero advantages,
+    so every loss would give every token a zero push: nothing to see); else the last one."""
+    mixed = [rec for rec in records if len(set(rec["rewards"])) > 1]
+    return (mixed or records)[-1]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Figures and a table from train.py run directories.")
     parser.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
@@ -244,11 +251,10 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     trajectory_figures(runs, out, args.smooth)
     written = [f"{k}.png" for k in PANELS] + ["summary.png"]
-    for r in runs:           # the first run with stored groups: its last group with mixed rewards
+    for r in runs:                              # the first run with stored groups
         samples = r["dir"] / "samples.jsonl"
         if samples.exists() and (records := read_jsonl(samples)):
-            mixed = [rec for rec in records if len(set(rec["rewards"])) > 1]
-            token_figure((mixed or records)[-1], out / "token_weights.png")
+            token_figure(pick_group(records), out / "token_weights.png")
             written.append("token_weights.png")
             break
     if args.table:

@@ -109,3 +109,9 @@ def test_table_numbers(tmp_path):
     # grad norm: 0.5 + (s % 3) over s = 1..12 -> mean 1.5, max 2.5
     assert "1.500 / 2.500" in row
     assert math.isclose(plots.ema([1, 0], 0.5)[-1], 0.5)
+
+
+def test_token_figure_uses_the_last_group_with_mixed_rewards():
+    same, mixed = {"step": 1, "rewards": [1.0, 1.0]}, {"step": 2, "rewards": [0.0, 1.1]}
+    assert plots.pick_group([mixed, dict(same, step=3)])["step"] == 2
+    assert plots.pick_group([same, dict(same, step=3)])["step"] == 3      # none mixed: the last
