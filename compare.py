@@ -1,6 +1,6 @@
 """compare.py — the four losses from the same warm start, then the figures and the table.
 
-    python compare.py                      # 4 losses, seed 0, tiny preset, 2 runs at a time (~12 min on 2 cores)
+    python compare.py                      # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
     python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): the README's table
     python compare.py --steps 60           # quicker
 

@@ -191,4 +191,3 @@ def wordy_solution(problem):
     a, op, b = m.groups()
     return {"question": problem["question"],
             "answer": f"We start with {a} and then {VERBS[op]} {b}, so {problem['answer']}"}
-
