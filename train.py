@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -98,7 +99,7 @@ PRESETS = {
 }
 # Fields that may differ when resuming (everything else must match the checkpoint's config).
 RESUMABLE = {"resume", "steps", "eval_every", "eval_n", "eval_batch", "sample_every", "ckpt_every",
-             "device", "threads", "out", "micro_batch", "eval_batch", "warmup_only"}
+             "device", "threads", "out", "micro_batch", "warmup_only"}
 
 
 def parse_config(argv=None):
@@ -254,9 +255,15 @@ def load_problems(cfg):
     return train, test[:cfg.eval_n]
 
 
+@functools.lru_cache(maxsize=4)
+def prompt_order(seed, n):
+    """The fixed shuffled order of the n training problems for a seed (computed once per run)."""
+    return random.Random(f"order-{seed}").sample(range(n), n)
+
+
 def batch_of_prompts(train, cfg, step):
     """The prompts of step ``step`` (1-based): a fixed shuffled order, so resume is exact."""
-    order = random.Random(f"order-{cfg.seed}").sample(range(len(train)), len(train))
+    order = prompt_order(cfg.seed, len(train))
     start = (step - 1) * cfg.prompts_per_step
     return [train[order[(start + k) % len(train)]] for k in range(cfg.prompts_per_step)]
 
@@ -308,6 +315,12 @@ def rollout(model, tok, questions, cfg, greedy=False):
     return enc["input_ids"], enc["attention_mask"], completions, mask, truncated
 
 
+def decode(tok, completions, mask):
+    """Completion texts, up to and including the first EOS (tokens after it become padding)."""
+    return tok.batch_decode(completions * mask.long() + tok.pad_token_id * (1 - mask.long()),
+                            skip_special_tokens=True)
+
+
 def score(model, prompt_ids, prompt_attn, completions, mask, cfg, device, with_entropy=False):
     """Per-token log-probs of the completions (temperature applied) and, optionally, the
     full-vocabulary entropy; only completion positions get logits (not the long prompt)."""
@@ -348,8 +361,7 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     batch = (prompt_ids, prompt_attn, completions, mask)
 
     # Reward and group-relative advantage.
-    texts = tok.batch_decode(completions * mask.long() + tok.pad_token_id * (1 - mask.long()),
-                             skip_special_tokens=True)
+    texts = decode(tok, completions, mask)
     r = torch.tensor([rewards.reward(t, g) for t, g in zip(texts, golds)])
     correct = torch.tensor([rewards.correctness_reward(t, g) for t, g in zip(texts, golds)])
     adv = group_advantages(r, cfg.group_size, cfg.scale_std).to(device)
@@ -429,8 +441,7 @@ def evaluate(model, tok, problems, cfg):
     for i in tqdm(range(0, len(problems), cfg.eval_batch), desc="eval", leave=False, disable=len(problems) <= cfg.eval_batch):
         chunk = problems[i:i + cfg.eval_batch]
         _, _, completions, mask, _ = rollout(model, tok, [p["question"] for p in chunk], cfg, greedy=True)
-        texts = tok.batch_decode(completions * mask.long() + tok.pad_token_id * (1 - mask.long()),
-                                 skip_special_tokens=True)
+        texts = decode(tok, completions, mask)
         correct += sum(rewards.correctness_reward(t, rewards.gold_answer(p["answer"])) for t, p in zip(texts, chunk))
     return correct / max(len(problems), 1)
 
@@ -497,10 +508,16 @@ def save_checkpoint(run, policy, optimizer, scheduler, step, cfg):
     os.replace(tmp, run / "ckpt" / "last.pt")          # atomic: the old checkpoint survives a crash
 
 
+def config_changes(saved, cfg):
+    """{field: (saved value, current value)} for every non-resumable field that differs."""
+    now = dataclasses.asdict(cfg)
+    return {k: (saved.get(k), now.get(k)) for k in sorted(saved.keys() | now.keys())
+            if k not in RESUMABLE and saved.get(k) != now.get(k)}
+
+
 def load_checkpoint(run, policy, optimizer, scheduler, cfg):
     state = torch.load(run / "ckpt" / "last.pt", map_location="cpu", weights_only=True)
-    differs = {k: (v, getattr(cfg, k)) for k, v in state["config"].items()
-               if k not in RESUMABLE and getattr(cfg, k, None) != v}
+    differs = config_changes(state["config"], cfg)
     if differs:
         raise SystemExit(f"error: {run}/ckpt/last.pt was written with another config: "
                          + ", ".join(f"{k}={a!r} there vs {b!r} now" for k, (a, b) in differs.items()))
@@ -534,8 +551,7 @@ def prepare_run_dir(cfg):
     run = Path(cfg.out)
     saved = run / "config.json"
     if saved.exists() and not cfg.resume:
-        old = json.loads(saved.read_text())
-        same = all(old.get(k) == v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE)
+        same = not config_changes(json.loads(saved.read_text()), cfg)
         raise SystemExit(f"error: {run} already holds a run" + ("" if same else " with a different config")
                          + ". Pass --resume to continue it, or choose another --out.")
     if cfg.resume and not (run / "ckpt" / "last.pt").exists():
