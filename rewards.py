@@ -71,6 +71,14 @@ def _span_number(span):
     return to_fraction(numbers[-1]) if numbers else None
 
 
+def _last_match(pattern, text):
+    """The last match of ``pattern`` in ``text``, or None (scans forward once: no backtracking)."""
+    match = None
+    for match in pattern.finditer(text):
+        pass
+    return match
+
+
 def _last_boxed(text, tries=10):
     """Body of the last \\boxed{...} whose braces close (nested braces allowed), or None."""
     end = len(text)
@@ -105,9 +113,7 @@ def extract_answer(text):
     if not text:
         return None
     text = _clean(text)
-    hashes = None
-    for hashes in _HASHES.finditer(text):
-        pass
+    hashes = _last_match(_HASHES, text)
     if hashes:
         value = to_fraction(hashes.group(1))
         rest = text[hashes.end(1):hashes.end(1) + 12]
@@ -125,9 +131,7 @@ def extract_answer(text):
         body = text[start + len("<answer>"): stop if stop >= 0 else start + 500]
         if (value := _span_number(body[:500])) is not None:
             return normalise(value)
-    phrase = None
-    for phrase in _ANSWER_IS.finditer(text):
-        pass
+    phrase = _last_match(_ANSWER_IS, text)
     if phrase and (value := to_fraction(phrase.group(1))) is not None:
         return normalise(value)
     numbers = _NUMBER.findall(text[-TAIL:])
@@ -139,9 +143,7 @@ def extract_answer(text):
 
 def gold_answer(gsm8k_answer):
     """The number after ``####`` in a GSM8K worked solution, normalised. ValueError if none."""
-    m = None
-    for m in _HASHES.finditer(_clean(gsm8k_answer)):
-        pass
+    m = _last_match(_HASHES, _clean(gsm8k_answer))
     value = to_fraction(m.group(1)) if m else None
     if value is None:
         raise ValueError(f"no '#### <number>' line in GSM8K answer: {gsm8k_answer[-80:]!r}")
