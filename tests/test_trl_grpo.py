@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 trl = pytest.importorskip("trl")
 
-import train  # noqa: E402
+import models  # noqa: E402
 import trl_grpo  # noqa: E402
 from losses import cw_grpo_weights  # noqa: E402
 
@@ -29,7 +29,7 @@ from losses import cw_grpo_weights  # noqa: E402
 def tiny_dir(path):
     """A 2-layer Qwen2 over our character tokenizer, saved with save_pretrained (TRL loads models by path)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    tok = train.tiny_tokenizer()
+    tok = models.tiny_tokenizer()
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
