@@ -3,8 +3,9 @@
     python compare.py                      # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
     python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): the README's table
     python compare.py --steps 60           # quicker
+    python compare.py --preset smol --jobs 1   # the real model (SmolLM2-135M-Instruct), one run at a time
 
-Runs ``train.py --preset tiny`` for every loss and seed (in parallel, splitting the CPU
+Runs ``train.py --preset <tiny|smol>`` for every loss and seed (in parallel, splitting the CPU
 threads between jobs), then ``plots.py --table`` on all of them. Outputs go to
 ``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in its
 ``train.log``. Extra arguments after ``--`` are passed to every train.py run.
@@ -17,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import models
 import plots
 from losses import LOSSES
 
@@ -25,24 +27,28 @@ HERE = Path(__file__).resolve().parent
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     parser.add_argument("--jobs", type=int, default=2, help="runs at the same time")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's --steps")
-    parser.add_argument("--out", default="runs/compare")
+    parser.add_argument("--out", default=None, help="default runs/compare (tiny) or runs/compare-smol")
     parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out or ("runs/compare" if args.preset == "tiny" else f"runs/compare-{args.preset}"))
     out.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 2) // args.jobs)
-    common = ["--preset", "tiny", "--threads", str(threads)] + (["--steps", str(args.steps)] if args.steps else [])
+    common = ["--preset", args.preset, "--threads", str(threads)] + (["--steps", str(args.steps)] if args.steps else [])
     common += args.extra
     start = time.time()
 
-    # The shared warm start, built once before the parallel runs so they never race for it.
-    print("building (or reusing) the warm start ...", flush=True)
-    subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--out", str(out / "warm"), "--warmup-only",
-                    "--threads", str(os.cpu_count() or 2)], check=True)
+    # The shared starting weights, built once before the parallel runs so they never race for them.
+    if args.preset == "tiny":
+        print("building (or reusing) the warm start ...", flush=True)
+        subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--out", str(out / "warm"), "--warmup-only",
+                        "--threads", str(os.cpu_count() or 2)], check=True)
+    else:
+        print(f"converting (or reusing) the packaged model: {models.smollm2_dir()}", flush=True)
 
     def one(job):
         loss, seed = job
