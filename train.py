@@ -327,8 +327,7 @@ def score_sharing_prompts(model, prompt_ids, prompt_attn, completions, mask, cfg
     the same gradient as score() (tests/test_speed.py; the gradient of the G copies flows
     back through repeat_interleave into one prompt pass). Rows must come in whole groups.
     """
-    G = cfg.group_size
-    P, C = prompt_ids.shape[1], completions.shape[1]
+    G, P = cfg.group_size, prompt_ids.shape[1]
     firsts = slice(None, None, G)                               # one row per group
     with autocast(cfg, device):
         prompt = model(input_ids=prompt_ids[firsts], attention_mask=prompt_attn[firsts],

@@ -65,6 +65,19 @@ def test_tiny_run_end_to_end(tmp_path, warm):
     assert (out / "ckpt" / "last.pt").exists()
 
 
+def test_final_model_loads_as_a_plain_hf_directory(tmp_path, warm):
+    from transformers import AutoModelForCausalLM
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "2", "--lr", "1e-2"], warm) == 0
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    trained = torch.load(out / "ckpt" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(final.state_dict()[k], v) for k, v in trained.items())
+    base = AutoModelForCausalLM.from_pretrained(warm)
+    assert not all(torch.equal(base.state_dict()[k], v) for k, v in trained.items())   # it trained
+    _, tok = train.models.load(str(out / "final"))
+    assert tok("7+5=12")["input_ids"] == train.tiny_tokenizer()("7+5=12")["input_ids"]
+    assert final.generation_config.do_sample is False                                  # greedy, written out
+
 @pytest.mark.slow
 def test_tiny_preset_learns(tmp_path):
     """The headline claim, shortened: the default warm start (built here, ~70 s) answers
