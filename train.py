@@ -20,7 +20,6 @@ import math
 import os
 import random
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -548,12 +547,7 @@ def save_final(path, policy, tok, cfg):
     which transformers loads on top of the base with peft installed). Its generation config
     is greedy decoding with every knob written out, not our sampling settings."""
     policy.generation_config = generation_config(policy, tok, cfg, greedy=True)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    models.save_atomically(path, policy, tok, overwrite=True)
 
 
 def config_changes(saved, cfg):

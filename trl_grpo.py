@@ -252,19 +252,6 @@ def resolve_model(source):
     return str(models.smollm2_dir()) if source == models.SMOLLM2 else source
 
 
-def load_tokenizer(source):
-    """The model's tokenizer. transformers 5 maps a plain tokenizer.json (our tiny character
-    tokenizer) to the model type's class, which re-splits text Qwen's way: load it as is."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-    config = Path(source) / "tokenizer_config.json"
-    plain = config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
-        "TokenizersBackend", "PreTrainedTokenizerFast")
-    tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(source)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
 def load_dataset(source, n, level=1):
     """Rows {"prompt": our chat messages, "answer": GSM8K solution}: ``synthetic`` or a GSM8K path."""
     from datasets import Dataset
@@ -341,7 +328,7 @@ def main(argv=None):
     config = make_config(a, processes)
     Path(a.output_dir).mkdir(parents=True, exist_ok=True)
     trainer = TokenRegGRPOTrainer(
-        model=a.model, reward_funcs=gsm8k_reward, args=config, processing_class=load_tokenizer(a.model),
+        model=a.model, reward_funcs=gsm8k_reward, args=config, processing_class=models.load_tokenizer(a.model),
         train_dataset=load_dataset(a.data, a.steps * a.prompts_per_step, a.level),
         callbacks=[JsonlLog(Path(a.output_dir) / "metrics.jsonl")],
         loss=a.loss, loss_kwargs={"agg": a.agg} if a.agg else None)

@@ -86,3 +86,40 @@ def test_one_grpo_step_of_the_real_model(smol_dir, capsys):
         if n < len(mask):                                        # finished: the mask ends on <|im_end|>
             assert tokens[n - 1] == "<|im_end|>"
     assert m["update_mfu"] > 0 and m["tokens_per_s"] > 0
+
+
+def _tiny():
+    tok = models.tiny_tokenizer()
+    return models.tiny_model(tok), tok
+
+
+def test_save_atomically_keeps_a_finished_directory_unless_told_to_overwrite(tmp_path):
+    torch.manual_seed(0)
+    first, tok = _tiny()
+    second, _ = _tiny()
+    target = tmp_path / "model"
+    models.save_atomically(target, first, tok)
+    models.save_atomically(target, second, tok)                  # a lost race: the first one stays
+    from transformers import AutoModelForCausalLM
+    kept = AutoModelForCausalLM.from_pretrained(target).state_dict()
+    assert all(torch.equal(kept[k], v) for k, v in first.state_dict().items())
+    models.save_atomically(target, second, tok, overwrite=True)  # save_final: the newest wins
+    kept = AutoModelForCausalLM.from_pretrained(target).state_dict()
+    assert all(torch.equal(kept[k], v) for k, v in second.state_dict().items())
+    assert models.load_tokenizer(target)("Q: 1+1").input_ids == tok("Q: 1+1").input_ids
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]     # no temporary directory left
+
+
+def test_save_atomically_interrupted_leaves_the_old_directory_whole(tmp_path, monkeypatch):
+    model, tok = _tiny()
+    target = tmp_path / "model"
+    models.save_atomically(target, model, tok)
+    before = sorted(p.name for p in target.iterdir())
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tok, "save_pretrained", interrupted)      # Ctrl-C between model and tokenizer
+    with pytest.raises(KeyboardInterrupt):
+        models.save_atomically(target, model, tok, overwrite=True)
+    assert sorted(p.name for p in target.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]

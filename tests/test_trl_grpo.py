@@ -68,7 +68,7 @@ def config(tmp_path, **overrides):
 def make_trainer(model_dir, tmp_path, loss="grpo", loss_kwargs=None, reward=digit_reward, trainer_cls=None,
                  callbacks=None, **overrides):
     kwargs = dict(model=model_dir, reward_funcs=reward, args=config(tmp_path, **overrides),
-                  processing_class=trl_grpo.load_tokenizer(model_dir),
+                  processing_class=models.load_tokenizer(model_dir),
                   train_dataset=trl_grpo.load_dataset("synthetic", 32), callbacks=callbacks)
     if trainer_cls is None:
         return trl_grpo.TokenRegGRPOTrainer(**kwargs, loss=loss, loss_kwargs=loss_kwargs)
@@ -255,7 +255,7 @@ def worker(model_dir, out):
 
     trainer = Recording(model=model_dir, reward_funcs=digit_reward,
                         args=config(Path(out), per_device_train_batch_size=4, gradient_accumulation_steps=2),
-                        processing_class=trl_grpo.load_tokenizer(model_dir),
+                        processing_class=models.load_tokenizer(model_dir),
                         train_dataset=trl_grpo.load_dataset("synthetic", 32), loss="cw_grpo")
     assert trainer.accelerator.num_processes == 2
     trainer.train()
