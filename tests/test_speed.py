@@ -4,6 +4,7 @@
   log-probs, entropies and gradients, on the tiny model and on the real SmolLM2, per loss;
 - prefill_once_per_group (generation) samples the same tokens as a plain generate();
 - old_logp taken from the update's own forward pass == a separate scoring pass;
+- micro-batches cut to their longest completion == the full padded width, per loss;
 - the FLOP count behind MFU, by hand.
 """
 import importlib.util
@@ -106,6 +107,37 @@ def test_a_whole_step_with_shared_prompts_equals_the_plain_step(which, loss, req
     assert (grads[0] - grads[1]).norm() / grads[0].norm() < 1e-4
 
 
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_micro_batches_cut_to_their_longest_completion_change_nothing(tiny, loss, monkeypatch):
+    cfg, model, tok = tiny
+    monkeypatch.setattr(cfg, "loss", loss)
+    monkeypatch.setattr(cfg, "max_grad_norm", 1e9)
+    monkeypatch.setattr(cfg, "micro_batch", cfg.group_size)            # one group per micro-batch
+    torch.manual_seed(0)
+    questions = [p["question"] for p in train.load_problems(cfg)[0][:cfg.prompts_per_step]]
+    prompt_ids, prompt_attn, completions, _, _ = train.rollout(model, tok, questions, cfg, group_size=cfg.group_size)
+    completions = completions.clone()
+    for j in range(len(completions)):                                  # row j stops after 3 + j tokens
+        completions[j, min(2 + j, completions.shape[1] - 1)] = tok.eos_token_id
+    mask, truncated = train.completion_mask(completions, [tok.eos_token_id])
+    rollout = (prompt_ids, prompt_attn, completions, mask, truncated)
+    widths, real = [], train.longest_completion
+    results = []
+    for trim in (False, True):
+        cut = (lambda m: widths.append(real(m)) or widths[-1]) if trim else (lambda m: m.shape[1])
+        monkeypatch.setattr(train, "longest_completion", cut)
+        torch.manual_seed(1)
+        results.append(run_step(cfg, model, tok, monkeypatch, {"out": rollout}))
+    assert min(widths) < max(widths) < completions.shape[1]            # micro-batches really were cut
+    (g0, m0, s0), (g1, m1, s1) = results
+    assert g0.norm() > 0 and (g0 - g1).norm() / g0.norm() < 1e-5
+    for key in ("loss", "entropy", "kl", "clip_frac", "weight_mean", "grad_norm"):
+        assert m0[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+    keep = torch.tensor(s0["mask"]) > 0
+    assert torch.allclose(torch.tensor(s0["logp"])[keep], torch.tensor(s1["logp"])[keep], atol=1e-5)
+    assert torch.allclose(torch.tensor(s0["entropy"])[keep], torch.tensor(s1["entropy"])[keep], atol=1e-5)
+
+
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
 def test_prefill_once_per_group_samples_what_generate_samples(which, request):
     cfg, model, tok = request.getfixturevalue(which)
@@ -151,3 +183,15 @@ def test_flop_count_by_hand(tiny):
     assert f["score"] == 2 * (body * (20 + 40) + head * 40)                 # reference + CW-GRPO's pass
     assert f["update"] == 3 * (body * (20 / 4 + 40) + head * 40)
     assert train.matmul_peak("cpu", n=256, repeats=2) > 1e8                # over 0.1 GFLOP/s on any CPU
+
+
+def test_bench_peak_prints_the_peak_and_writes_no_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        assert train.main(["--bench-peak", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)                                     # the rest of the suite keeps its threads
+    out = capsys.readouterr().out
+    assert out.startswith("matmul peak on cpu (1 threads): ") and float(out.split()[-2]) > 0.1   # GFLOP/s
+    assert list(tmp_path.iterdir()) == []                                  # no run directory
