@@ -35,6 +35,7 @@ import torch  # noqa: E402
 def trl_step_times(a):
     """Per-step wall times of TRL's GRPOTrainer (or our adapter of it) on the same settings."""
     import trl
+    import models
     import trl_grpo
     from transformers import TrainerCallback
     torch.set_num_threads(a.threads)
@@ -56,7 +57,7 @@ def trl_step_times(a):
         num_iterations=1, disable_dropout=True, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         logging_steps=1000, save_strategy="no", report_to="none", dataloader_num_workers=0, shuffle_dataset=False,
         **({} if a.trl == "adapter" else {"loss_type": "grpo"}))
-    kwargs = dict(model=a.model, processing_class=trl_grpo.load_tokenizer(a.model), args=config,
+    kwargs = dict(model=a.model, processing_class=models.load_tokenizer(a.model), args=config,
                   reward_funcs=trl_grpo.gsm8k_reward, callbacks=[Timer()],
                   train_dataset=trl_grpo.load_dataset(a.data, a.prompts * (a.steps + 2)))
     trainer = (trl_grpo.TokenRegGRPOTrainer(**kwargs, loss=a.loss) if a.trl == "adapter"
