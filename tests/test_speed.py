@@ -12,7 +12,6 @@ import importlib.util
 import pytest
 import torch
 
-import models
 import train
 from losses import LOSSES
 
