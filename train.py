@@ -166,6 +166,7 @@ def load_model(cfg, device):
             raise SystemExit("error: --lora-rank needs the optional dependency peft: pip install peft") from None
         if cfg.grad_checkpointing:
             model.enable_input_require_grads()
+        torch.manual_seed(cfg.seed)      # the adapters' random initialisation belongs to the seed
         model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, lora_dropout=0.0,
                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                  "gate_proj", "up_proj", "down_proj"]))
@@ -266,31 +267,85 @@ def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
     Returns the prompt ids/attention, completion ids, mask and truncation flags, one row each."""
     prompts = [data.render_prompt(tok, q) for q in questions]
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    gen_cfg = generation_config(model, tok, cfg, greedy)
-    model.generation_config = gen_cfg                       # no hidden defaults left to merge
     was_training = model.training
     model.eval()
-    cache = prefill_once_per_group(model, enc, group_size) if group_size > 1 and cfg.share_prompts else None
-    enc = {k: v.repeat_interleave(group_size, dim=0) for k, v in enc.items()}
-    out = model.generate(**enc, past_key_values=cache, generation_config=gen_cfg)
+    share = group_size if cfg.share_prompts else 1
+    ids, attn = (enc[k].repeat_interleave(group_size // share, dim=0) for k in ("input_ids", "attention_mask"))
+    cache = prefill(model, ids, attn, group_size=share, max_len=ids.shape[1] + cfg.max_new_tokens)
+    ids, attn = (x.repeat_interleave(share, dim=0) for x in (ids, attn))
+    completions = sample(model, ids, attn, cache, max_new_tokens=cfg.max_new_tokens,
+                         temperature=None if greedy else cfg.temperature, eos=eos_ids(model, tok), pad=tok.pad_token_id)
     model.train(was_training)
-    completions = out[:, enc["input_ids"].shape[1]:]
-    mask, truncated = completion_mask(completions, gen_cfg.eos_token_id)
-    return enc["input_ids"], enc["attention_mask"], completions, mask, truncated
+    mask, truncated = completion_mask(completions, eos_ids(model, tok))
+    return ids, attn, completions, mask, truncated
 
 
-def prefill_once_per_group(model, enc, group_size):
-    """Speed device: generate() runs every row's prompt through the model, G times the same
-    prompt per group. Run each prompt once and hand generate() its key/value cache repeated G
-    times; generate() then feeds only what the cache lacks. All but the last prompt token go
-    in the cache: generate() needs one new token to produce the first logits."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    ids, attn = enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]
+def prefill(model, ids, attn, group_size, max_len):
+    """Run the prompts through the model once, into a preallocated key/value cache of max_len
+    positions, and repeat each prompt's cache for the G completions of its group.
+
+    Speed device (prefill once per group): the G rows of a group share their prompt, so it is
+    computed once, not G times. The last prompt token stays out of the cache: sample() feeds it
+    to get the first logits. A StaticCache is allocated once; transformers' default cache grows
+    by concatenation, copying every layer's keys and values at every new token."""
+    from transformers import StaticCache
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    ids, attn = ids[:, :-1], attn[:, :-1]
     model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
           past_key_values=cache, use_cache=True, logits_to_keep=1)
-    cache.batch_repeat_interleave(group_size)
+    if group_size > 1:
+        keep_rows(cache, torch.arange(ids.shape[0], device=ids.device).repeat_interleave(group_size))
     return cache
+
+
+def keep_rows(cache, rows):
+    """Index every layer's preallocated keys and values by batch row (repeat or drop rows)."""
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+        layer.batch_size = len(rows)
+
+
+@torch.no_grad()
+def sample(model, ids, attn, cache, max_new_tokens, temperature, eos, pad):
+    """The decoding loop, written out: feed the newest token, draw the next one from
+    softmax(logits / T) (the argmax when temperature is None), stop a row at its first EOS and
+    pad it after. Nothing else touches the logits: no top-k, top-p or repetition penalty.
+
+    It draws exactly what generate() draws with the same seed (tested token for token): the
+    same softmax, one torch.multinomial over all rows. Speed device (finished rows leave the
+    batch): once a quarter of the rows still in the batch have stopped, they are dropped from
+    the model's batch and its cache, so a long straggler does not make every finished row pay;
+    their logits are not needed (the draw still covers every row, so the random stream, and
+    with it every other row's sample, stays the same)."""
+    rows, width = ids.shape
+    eos = torch.tensor(eos, device=ids.device)
+    out = torch.full((rows, max_new_tokens), pad, dtype=ids.dtype, device=ids.device)
+    attn = torch.cat([attn, attn.new_ones(rows, max_new_tokens)], 1)
+    position = attn[:, :width].sum(1) - 1                 # position of the last prompt token (left padding)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=ids.device)
+    active = torch.arange(rows, device=ids.device)     # the rows the model still computes
+    token = ids[:, -1]
+    for t in range(max_new_tokens):
+        logits = model(input_ids=token[active, None], attention_mask=attn[active, :width + t],
+                       position_ids=position[active, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        if temperature is None:
+            token = torch.full_like(token, pad)
+            token[active] = logits.argmax(-1)
+        else:
+            probs = torch.ones(rows, logits.shape[-1], device=logits.device)   # finished rows: any distribution
+            probs[active] = torch.softmax(logits.float() / temperature, -1)
+            token = torch.multinomial(probs, 1).squeeze(1)
+        token = torch.where(unfinished, token, pad)
+        out[:, t] = token
+        unfinished &= ~torch.isin(token, eos)
+        if not unfinished.any():
+            break
+        position += 1
+        if unfinished[active].sum() <= 0.75 * len(active):
+            keep = unfinished[active]
+            keep_rows(cache, keep.nonzero().squeeze(1))
+            active = active[keep]
+    return out
 
 
 def decode(tok, completions, mask):
@@ -528,7 +583,10 @@ def forward_flops_per_token(model):
 def matmul_peak(device_type, dtype=torch.float32, n=2048, repeats=5):
     """FLOP/s of the best of a few n x n matmuls on this device: the ceiling MFU is measured
     against (CPU: the 2n^3 FLOPs of float32 GEMM with torch's threads; CUDA: bf16 or fp32)."""
-    a, b = (torch.randn(n, n, device=device_type, dtype=dtype) for _ in range(2))
+    # Its own generator: drawing from the global one (as this did before) shifted the sampling
+    # stream of every run after step 1, and of a resumed run differently from an uninterrupted one.
+    gen = torch.Generator(device=device_type).manual_seed(0)
+    a, b = (torch.randn(n, n, device=device_type, dtype=dtype, generator=gen) for _ in range(2))
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     best = float("inf")
     for i in range(repeats + 2):
@@ -674,8 +732,6 @@ def main(argv=None):
         return 0
     run = prepare_run_dir(cfg)
     device = pick_device(cfg)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
 
     train, held_out = load_problems(cfg)          # first, so a broken data file fails fast
     policy, tok = load_model(cfg, device)
@@ -684,6 +740,10 @@ def main(argv=None):
         ref = copy.deepcopy(policy).requires_grad_(False).eval()
         if cfg.dtype == "bfloat16":
             ref.to(torch.bfloat16)
+    # Seed after loading: building the warm start or converting the GGUF on first use draws random
+    # numbers (weight initialisation), so seeding earlier made a run depend on whether the cache existed.
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
 
     optimizer = make_optimizer(policy, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))

@@ -2,7 +2,8 @@
 
 - score_sharing_prompts (each prompt once per group, its KV cache repeated) == score():
   log-probs, entropies and gradients, on the tiny model and on the real SmolLM2, per loss;
-- prefill_once_per_group (generation) samples the same tokens as a plain generate();
+- sample() (prefill once per group, static cache, finished rows dropped) draws token for token
+  what transformers' generate() draws, greedy and sampled;
 - old_logp taken from the update's own forward pass == a separate scoring pass;
 - micro-batches cut to their longest completion == the full padded width, per loss;
 - the FLOP count behind MFU, by hand.
@@ -137,21 +138,54 @@ def test_micro_batches_cut_to_their_longest_completion_change_nothing(tiny, loss
     assert torch.allclose(torch.tensor(s0["entropy"])[keep], torch.tensor(s1["entropy"])[keep], atol=1e-5)
 
 
+def generate_reference(model, tok, questions, cfg, greedy, group_size):
+    """What transformers' generate() samples for the same prompts, seed and knobs (padded to the budget)."""
+    enc = tok([train.data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    enc = {k: v.repeat_interleave(group_size, 0) for k, v in enc.items()}
+    gen = train.generation_config(model, tok, cfg, greedy)
+    model.generation_config = gen
+    out = model.generate(**enc, generation_config=gen)[:, enc["input_ids"].shape[1]:]
+    return torch.nn.functional.pad(out, (0, cfg.max_new_tokens - out.shape[1]), value=tok.pad_token_id)
+
+
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_prefill_once_per_group_samples_what_generate_samples(which, request):
+def test_sample_draws_token_for_token_what_generate_draws(which, request):
+    """sample() (static cache, prompts prefilled once per group, finished rows dropped) against
+    generate() (its own cache, every row to the end), greedy and at the config's temperature."""
     cfg, model, tok = request.getfixturevalue(which)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
-    outs = {}
-    for share in (False, True):
-        cfg.share_prompts = share
+    budget, cfg.max_new_tokens = cfg.max_new_tokens, 48
+    try:
         for greedy in (True, False):
             torch.manual_seed(7)
-            outs[share, greedy] = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=3)
-    cfg.share_prompts = True
-    for greedy in (True, False):
-        for a, b in zip(outs[False, greedy], outs[True, greedy]):
-            assert torch.equal(a, b)
-    assert outs[True, True][0].shape[0] == 9 and torch.equal(outs[True, True][0][0], outs[True, True][0][2])
+            want = generate_reference(model, tok, questions, cfg, greedy, group_size=3)
+            for share in (False, True):
+                cfg.share_prompts = share
+                torch.manual_seed(7)
+                _, _, got, mask, truncated = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=3)
+                assert torch.equal(got, want), (which, greedy, share)
+            if not greedy and which == "tiny":      # rows stopped early, so the batch really shrank
+                assert (~truncated).sum() >= 3 and len(set(mask.sum(1).tolist())) > 2
+    finally:
+        cfg.share_prompts, cfg.max_new_tokens = True, budget
+
+
+def test_finished_rows_leave_the_batch(tiny, monkeypatch):
+    """The model computes fewer rows once rows stop (the speed device is really on)."""
+    cfg, model, tok = tiny
+    seen, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: (seen.append(k["input_ids"].shape[0]), forward(*a, **k))[1])
+    torch.manual_seed(7)
+    budget, cfg.max_new_tokens = cfg.max_new_tokens, 48
+    try:
+        _, _, _, mask, _ = train.rollout(model, tok, [p["question"] for p in train.load_problems(cfg)[0][:3]], cfg,
+                                         group_size=4)
+    finally:
+        cfg.max_new_tokens = budget
+    assert seen[0] == 3 and seen[1] == 12                 # prefill: 3 prompts once; then 12 rows
+    assert min(seen[1:]) < 12 and seen[1:] == sorted(seen[1:], reverse=True)
+    assert len(seen) - 1 == int(mask.sum(1).max())        # one forward per token, stop after the last EOS
 
 
 def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch):
@@ -194,3 +228,14 @@ def test_bench_peak_prints_the_peak_and_writes_no_run(tmp_path, monkeypatch, cap
     out = capsys.readouterr().out
     assert out.startswith("matmul peak on cpu (1 threads): ") and float(out.split()[-2]) > 0.1   # GFLOP/s
     assert list(tmp_path.iterdir()) == []                                  # no run directory
+
+
+def test_measuring_the_peak_leaves_the_sampling_stream_alone():
+    """matmul_peak runs once per process, inside the first step: drawing its random matrices
+    from the global generator made a resumed run sample differently from an uninterrupted one."""
+    train.matmul_peak.cache_clear()
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    assert train.matmul_peak("cpu", n=64, repeats=1) > 0
+    assert torch.equal(torch.rand(3), want)

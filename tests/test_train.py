@@ -65,6 +65,23 @@ def test_tiny_run_end_to_end(tmp_path, warm):
     assert (out / "ckpt" / "last.pt").exists()
 
 
+def test_the_seed_alone_fixes_a_run_whether_or_not_its_model_was_cached(tmp_path):
+    """The first run builds the warm start (drawing random numbers for it); the second finds it
+    cached. Same seed, so the same samples and the same numbers (a fresh clone must reproduce
+    the README). This failed when the seed was set before the model was built. (beta = 0: with
+    a KL term, an all-zero-advantage step leaves a 1e-8 gradient of rounding noise that AdamW
+    scales up to full-size steps, so bit-level differences between runs would grow.)"""
+    runs = [tmp_path / "first", tmp_path / "second"]
+    for out in runs:
+        assert train.main(FAST + ["--out", str(out), "--steps", "2", "--beta", "0"]) == 0
+    assert len(list(tmp_path.glob("warmstart-tiny-*"))) == 1          # built once, then reused
+    drop = ("time", "tokens_per_s", "mfu", "peak_mem_gb")
+    first, second = ([{k: v for k, v in l.items() if not any(d in k for d in drop)} for l in read(out / "metrics.jsonl")]
+                     for out in runs)
+    assert first == second and len(first) == 4                        # eval, 2 steps, eval
+    assert read(runs[0] / "samples.jsonl") == read(runs[1] / "samples.jsonl")
+
+
 def test_final_model_loads_as_a_plain_hf_directory(tmp_path, warm):
     from transformers import AutoModelForCausalLM
     out = tmp_path / "run"
