@@ -235,9 +235,10 @@ def batch_of_prompts(train, cfg, step):
 # Rollout: sample a group of completions per prompt.
 
 def generation_config(model, tok, cfg, greedy=False):
-    """Every sampling knob written out. Checkpoints ship their own defaults (Qwen2.5-Instruct:
+    """Every sampling knob written out, for transformers' generate(): what final/ ships, and
+    what the tests compare sample() with. Checkpoints ship their own defaults (Qwen2.5-Instruct:
     top_k=20, top_p=0.8, repetition_penalty=1.05) which would silently sample from another
-    distribution than the one we score, so we replace the model's generation config."""
+    distribution than the one we score, so this replaces the model's generation config."""
     from transformers import GenerationConfig
     # top_k=0 is what disables top-k sampling; greedy decoding has no warpers at all, and
     # transformers warns about top_k=0 there, so leave it unset.
