@@ -155,7 +155,7 @@ def test_sample_draws_token_for_token_what_generate_draws(which, request):
     generate() (its own cache, every row to the end), greedy and at the config's temperature."""
     cfg, model, tok = request.getfixturevalue(which)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
-    budget, cfg.max_new_tokens = cfg.max_new_tokens, 48
+    budget, cfg.max_new_tokens = cfg.max_new_tokens, 48 if which == "tiny" else 16   # tiny: rows stop early
     try:
         for greedy in (True, False):
             torch.manual_seed(7)
