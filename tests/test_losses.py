@@ -7,7 +7,7 @@ import torch
 
 import losses
 from losses import (AGGREGATIONS, LOSSES, aggregate, cw_grpo_loss, cw_grpo_weights, grpo_loss,
-                    group_advantages, microbatch_scale, tepo_loss, token_entropy, token_logprobs,
+                    group_advantages, microbatch_scale, tepo_loss, token_logprobs,
                     tr_grpo_loss, tr_grpo_weights)
 
 
@@ -509,35 +509,48 @@ def naive(logits, tokens, temperature):
 def test_token_logprobs_and_entropy_match_naive_formula(temperature, monkeypatch):
     monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 3 * 50)         # force several chunks
     g = torch.Generator().manual_seed(0)
-    logits = (3 * torch.randn(2, 7, 50, generator=g)).requires_grad_()
+    logits = (3 * torch.randn(2, 7, 50, generator=g, dtype=torch.float32)).requires_grad_()
     tokens = torch.randint(0, 50, (2, 7), generator=g)
-    want_lp, want_h = naive(logits, tokens, temperature)
-    got_lp = token_logprobs(logits, tokens, temperature)
-    got_h = token_entropy(logits, temperature)
+    want_lp, want_h = naive(logits.double(), tokens, temperature)
+    got_lp, got_h = token_logprobs(logits, tokens, temperature)
     assert got_lp.dtype == torch.float32 and got_h.dtype == torch.float32
     assert torch.allclose(got_lp.double(), want_lp, atol=1e-5)
     assert torch.allclose(got_h.double(), want_h, atol=1e-5)
     assert not got_h.requires_grad
-    (grad_got,) = torch.autograd.grad(got_lp.sum(), logits)
-    (grad_want,) = torch.autograd.grad(want_lp.sum(), logits)
+    upstream = torch.randn(2, 7, generator=g)                     # any weighting of the tokens
+    (grad_got,) = torch.autograd.grad((got_lp * upstream).sum(), logits)
+    (grad_want,) = torch.autograd.grad((want_lp * upstream).sum(), logits)
     assert torch.allclose(grad_got, grad_want, atol=1e-5)
+
+
+def test_the_written_out_gradient_passes_gradcheck():
+    """d log p(token) / d logits = (onehot - softmax) / T, checked against finite differences,
+    with a token repeated in a row of the batch and several chunks."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 11, dtype=torch.float64, generator=g).requires_grad_()
+    tokens = torch.tensor([0, 3, 3, 10, 7])
+    f = lambda x: losses._TokenLogprobs.apply(x, tokens, 0.7)[0]
+    assert torch.autograd.gradcheck(f, (logits,))
+    bf16 = logits.detach().to(torch.bfloat16).requires_grad_()
+    losses._TokenLogprobs.apply(bf16, tokens, 1.0)[0].sum().backward()
+    assert bf16.grad.dtype == torch.bfloat16                     # the gradient comes back in the logits' dtype
 
 
 def test_temperature_matters_and_entropy_is_of_the_full_distribution():
     logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0]]])
     tokens = torch.tensor([[0]])
-    assert token_logprobs(logits, tokens, 1.0).item() != pytest.approx(token_logprobs(logits, tokens, 0.5).item())
+    assert token_logprobs(logits, tokens, 1.0)[0].item() != pytest.approx(token_logprobs(logits, tokens, 0.5)[0].item())
     p = torch.softmax(logits[0, 0], -1)
-    h = token_entropy(logits).item()
-    assert h == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
-    assert h != pytest.approx(-token_logprobs(logits, tokens).item(), abs=1e-3)  # not the sampled token's surprise
+    logp, h = token_logprobs(logits, tokens)
+    assert h.item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
+    assert h.item() != pytest.approx(-logp.item(), abs=1e-3)        # not the sampled token's surprise
 
 
 def test_bf16_logits_are_scored_in_float32():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(1, 4, 1000, generator=g)
     tokens = torch.randint(0, 1000, (1, 4), generator=g)
-    got = token_logprobs(logits.to(torch.bfloat16), tokens)
+    got, _ = token_logprobs(logits.to(torch.bfloat16), tokens)
     want, _ = naive(logits.to(torch.bfloat16).double(), tokens, 1.0)
     assert got.dtype == torch.float32
     assert torch.allclose(got.double(), want, atol=1e-4)
