@@ -4,8 +4,10 @@
 
 "generate()" is what rollout() ran before sample(): each prompt prefilled once into a
 DynamicCache, repeated for its group, then `model.generate()`. Prints the seconds of each,
-their ratio, whether the tokens are identical, and the completion lengths (sample() gains
-where lengths differ, because finished rows leave the batch). "trained" is a run's final/
+their ratio and the completion lengths (sample() gains where lengths differ, because finished
+rows leave the batch). Greedy, the tokens must be identical; sampled, the two draw different
+random numbers (generate() one per vocabulary entry, sample() one per row), so their samples
+differ: compare their lengths too. "trained" is a run's final/
 (default: the GRPO run of `python compare.py --preset smol`); settings whose model is missing
 are skipped.
 """
@@ -57,11 +59,12 @@ def compare(name, model_dir, prompts, group_size, tokens, temperature, greedy, r
         t = time.perf_counter()
         _, _, b, mask, _ = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=group_size)
         t_sample = time.perf_counter() - t
-        lengths = mask.sum(1)
+        lengths = lambda m: f"mean {m.sum(1).mean():.1f} max {m.sum(1).max():.0f}"
+        same = f"same tokens: {torch.equal(a, b)}" if greedy else \
+            f"lengths: generate {lengths(train.completion_mask(a, train.eos_ids(model, tok))[0])}, sample"
         print(f"{name:9s} {prompts} x {group_size}, {'greedy' if greedy else f'T = {temperature}'}, {tokens} tokens: "
               f"generate {t_generate:6.2f} s   sample {t_sample:6.2f} s   ratio {t_sample / t_generate:.2f}   "
-              f"same tokens: {torch.equal(a, b)}   length mean {lengths.mean():.1f} max {lengths.max():.0f}",
-              flush=True)
+              f"{same} {lengths(mask)}", flush=True)
 
 
 def main(argv=None):
@@ -74,7 +77,7 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     untouched = a.model
     if a.quick:
-        compare("untouched", untouched, 2, 2, 8, 1.0, False, repeats=1)
+        compare("untouched", untouched, 2, 2, 8, 1.0, True, repeats=1)
         return 0
     compare("untouched", untouched, 4, 8, 96, 1.0, False, repeats=2)     # the speed benchmark's setting
     compare("untouched", untouched, 4, 8, 80, 0.7, False, repeats=2)     # the smol preset at step 1

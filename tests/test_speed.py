@@ -2,8 +2,9 @@
 
 - score_sharing_prompts (each prompt once per group, its KV cache repeated) == score():
   log-probs, entropies and gradients, on the tiny model and on the real SmolLM2, per loss;
-- sample() (prefill once per group, static cache, finished rows dropped) draws token for token
-  what transformers' generate() draws, greedy and sampled;
+- sample() (prefill once per group, static cache, finished rows dropped) picks token for token
+  what transformers' generate() picks greedy, and draws each sampled token from the
+  distribution a plain forward pass gives; draw() is inverse-CDF sampling, by hand;
 - old_logp taken from the update's own forward pass == a separate scoring pass;
 - micro-batches cut to their longest completion == the full padded width, per loss;
 - the FLOP count behind MFU, by hand.
@@ -49,7 +50,7 @@ def sample_batch(cfg, model, tok, seed=0):
 
 def scores_and_grad(fn, model, batch, cfg):
     model.zero_grad()
-    logp, entropy = fn(model, *batch, cfg, torch.device("cpu"), with_entropy=True)
+    logp, entropy = fn(model, *batch, cfg, torch.device("cpu"))
     weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)          # any loss that touches every token
     (logp * weights * batch[3]).sum().backward()
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
@@ -150,25 +151,69 @@ def generate_reference(model, tok, questions, cfg, greedy, group_size):
 
 
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_sample_draws_token_for_token_what_generate_draws(which, request):
+def test_greedy_sample_picks_token_for_token_what_generate_picks(which, request):
     """sample() (static cache, prompts prefilled once per group, finished rows dropped) against
-    generate() (its own cache, every row to the end), greedy and at the config's temperature."""
+    generate() (its own cache, every row to the end)."""
     cfg, model, tok = request.getfixturevalue(which)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48 if which == "tiny" else 16   # tiny: rows stop early
     try:
-        for greedy in (True, False):
-            torch.manual_seed(7)
-            want = generate_reference(model, tok, questions, cfg, greedy, group_size=3)
-            for share in (False, True):
-                cfg.share_prompts = share
-                torch.manual_seed(7)
-                _, _, got, mask, truncated = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=3)
-                assert torch.equal(got, want), (which, greedy, share)
-            if not greedy and which == "tiny":      # rows stopped early, so the batch really shrank
-                assert (~truncated).sum() >= 3 and len(set(mask.sum(1).tolist())) > 2
+        want = generate_reference(model, tok, questions, cfg, greedy=True, group_size=3)
+        for share in (False, True):
+            cfg.share_prompts = share
+            _, _, got, mask, truncated = train.rollout(model, tok, questions, cfg, greedy=True, group_size=3)
+            assert torch.equal(got, want), (which, share)
     finally:
         cfg.share_prompts, cfg.max_new_tokens = True, budget
+
+
+@pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
+def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, request, monkeypatch):
+    """Every sampled token was drawn from softmax(logits / T) of the plain, cache-free forward
+    pass over the same prefix: the drawn token's probability and the whole distribution's
+    entropy, at every step of every row, including after finished rows left the batch."""
+    cfg, model, tok = request.getfixturevalue(which)
+    draws, kept = [], []                  # the distributions of each step; which rows the cache kept
+    real_draw, real_keep = train.draw, train.keep_rows
+    monkeypatch.setattr(train, "draw", lambda probs: draws.append(probs) or real_draw(probs))
+    monkeypatch.setattr(train, "keep_rows", lambda cache, rows: kept.append((len(draws), rows)) or real_keep(cache, rows))
+    monkeypatch.setattr(cfg, "max_new_tokens", 48 if which == "tiny" else 16)
+    torch.manual_seed(7)
+    batch = sample_batch(cfg, model, tok, seed=7)
+    completions, mask = batch[2], batch[3]
+    model.eval()
+    with torch.no_grad():
+        logp, entropy = train.score(model, *batch, cfg, torch.device("cpu"))
+    active, drops = torch.arange(len(mask)), [(t, rows) for t, rows in kept if t > 0]   # t = 0: prefill's repeat
+    if which == "tiny":
+        assert drops                                                   # rows really left the batch
+    checked = 0
+    for t, probs in enumerate(draws):
+        for t_drop, rows in drops:
+            if t_drop == t:
+                active = active[rows]
+        for j, r in enumerate(active.tolist()):
+            if mask[r, t]:
+                p = probs[j]
+                assert p[completions[r, t]].log().item() == pytest.approx(logp[r, t].item(), abs=1e-4)
+                assert -(p * p.clamp_min(1e-30).log()).sum().item() == pytest.approx(entropy[r, t].item(), abs=1e-4)
+                checked += 1
+    assert checked == mask.sum()
+
+
+def test_draw_is_inverse_cdf_sampling():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    torch.manual_seed(0)
+    u = torch.rand(3).tolist()
+    torch.manual_seed(0)
+    got = train.draw(probs).tolist()
+    # By hand: the first token whose cumulative probability exceeds u.
+    want = [next(i for i, c in enumerate(torch.cumsum(row, 0).tolist()) if c > x) for row, x in zip(probs, u)]
+    assert got == want
+    counts = torch.stack([train.draw(probs) for _ in range(20000)]).T
+    freq = torch.stack([torch.bincount(c, minlength=4) for c in counts]).float() / 20000
+    assert torch.allclose(freq, probs, atol=0.015)                      # 20,000 draws: 3 sigma < 0.011
+    assert (counts[:2] != 1).all()                                       # probability 0 is never drawn
 
 
 def test_finished_rows_leave_the_batch(tiny, monkeypatch):
@@ -194,7 +239,7 @@ def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch)
     _, metrics, sample = run_step(cfg, model, tok, monkeypatch, cache)        # lr 0: the model stays as it was
     G = cfg.group_size
     batch = [t[:G] for t in cache["out"][:4]]
-    logp, entropy = train.score_no_grad(model, batch, cfg, torch.device("cpu"), with_entropy=True)
+    logp, entropy = train.score_no_grad(model, batch, cfg, torch.device("cpu"))
     mask = batch[3]
     assert torch.allclose(torch.tensor(sample["logp"]) * mask, logp * mask, atol=1e-5)
     assert torch.allclose(torch.tensor(sample["entropy"]) * mask, entropy * mask, atol=1e-5)
