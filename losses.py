@@ -276,7 +276,7 @@ class _TokenLogprobs(torch.autograd.Function):
     temporaries and recomputes the softmax; this one keeps the softmax the entropy needed
     anyway and turns it into the gradient with one multiply and one scatter. On SmolLM2's
     768 x 49,152 logits of one micro-batch (2 cores): 0.79 s for log-probs, entropy and
-    backward pass before, 0.32 s after."""
+    backward pass before, 0.40 s after."""
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature):
@@ -291,13 +291,15 @@ class _TokenLogprobs(torch.autograd.Function):
             x = logits[rows].to(dtype)
             if temperature != 1.0:
                 x = x / temperature
-            top = x.amax(-1, keepdim=True)
-            p = torch.sub(x, top, out=probs[rows] if keep else None).exp_()   # in place: no new [N, V]
+            shifted = x - x.amax(-1, keepdim=True)                           # <= 0
+            p = torch.exp(shifted, out=probs[rows] if keep else None)
             total = p.sum(-1, keepdim=True)
             p /= total                                                        # softmax(x)
-            log_z = (top + total.log()).squeeze(-1)                           # logsumexp(x)
-            logp[rows] = x.gather(-1, tokens[rows, None]).squeeze(-1) - log_z
-            entropy[rows] = log_z - torch.bmm(p[:, None], x[:, :, None]).view(-1)   # sum p * x, row by row
+            log_total = total.log().squeeze(-1)                               # logsumexp(x) - max(x)
+            logp[rows] = shifted.gather(-1, tokens[rows, None]).squeeze(-1) - log_total
+            # H = logsumexp(x) - sum p x, both taken relative to max(x): with logits of +-35 the
+            # unshifted difference cancels to an error of 1e-3 nats in float32, this one to 1e-6.
+            entropy[rows] = log_total - shifted.mul_(p).sum(-1)
         ctx.mark_non_differentiable(entropy)
         if keep:
             ctx.save_for_backward(probs, tokens)
