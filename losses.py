@@ -325,7 +325,8 @@ def token_logprobs(logits, tokens, temperature=1.0):
     the sampled token (a common shortcut that measures surprise, not spread), and carries no
     gradient. Both are float32 whatever the logits' dtype, computed in row chunks so that no
     float32 temporary exceeds CHUNK_ELEMENTS (a full [B, T, V] log_softmax over Qwen's
-    151,936 words would be 1.2 GB for 4 x 512 tokens); the gradient is _TokenLogprobs'.
+    151,936 words would be 1.2 GB for 4 x 512 tokens); under autograd the softmax kept for
+    the backward pass is one float32 copy of the logits. The gradient is _TokenLogprobs'.
     """
     flat = logits.reshape(-1, logits.shape[-1])
     logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
