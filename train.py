@@ -276,8 +276,9 @@ def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
     cache = prefill(model, ids, attn, group_size=share, max_len=ids.shape[1] + cfg.max_new_tokens)
     ids, attn = (x.repeat_interleave(share, dim=0) for x in (ids, attn))
     eos = eos_ids(model, tok)
-    completions = sample(model, ids, attn, cache, max_new_tokens=cfg.max_new_tokens,
-                         temperature=None if greedy else cfg.temperature, eos=eos, pad=tok.pad_token_id)
+    with weight_first_linears(model) if model.device.type == "cpu" else contextlib.nullcontext():
+        completions = sample(model, ids, attn, cache, max_new_tokens=cfg.max_new_tokens,
+                             temperature=None if greedy else cfg.temperature, eos=eos, pad=tok.pad_token_id)
     model.train(was_training)
     mask, truncated = completion_mask(completions, eos)
     return ids, attn, completions, mask, truncated
@@ -306,6 +307,31 @@ def keep_rows(cache, rows):
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         layer.batch_size = len(rows)
+
+
+@contextlib.contextmanager
+def weight_first_linears(model):
+    """Inside, every plain nn.Linear computes x @ W.T as (W @ x.T).T: the same product, in
+    the operand order MKL multiplies fastest when x has a few rows, as in decoding (one new
+    token per row).
+
+    Speed device (CPU sampling). SmolLM2 at 32 rows, 2 cores: the gate and up projections take
+    0.43 ms instead of 0.89, the LM head 26 ms instead of 32, the seven matmuls of a layer 2.2 ms
+    instead of 3.3. Not used in the update: at its 768 rows neither order is faster."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]   # subclasses may pack W
+    for m in linears:
+        m.forward = functools.partial(_weight_first, m)
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward
+
+
+def _weight_first(linear, x):
+    y = (linear.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous()
+    y = y if linear.bias is None else y + linear.bias
+    return y.view(*x.shape[:-1], -1)
 
 
 @torch.no_grad()

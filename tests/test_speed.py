@@ -200,6 +200,29 @@ def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, req
     assert checked == mask.sum()
 
 
+def test_weight_first_linears_compute_the_same_product_and_are_undone(tiny, monkeypatch):
+    """(W @ x.T).T in place of x @ W.T (biases included: the tiny Qwen2 has them) gives the same
+    logits; every layer gets its own forward back on exit, also when the body raises; rollout
+    really samples through it on the CPU."""
+    cfg, model, tok = tiny
+    ids = torch.randint(0, len(tok), (3, 9))
+    model.eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with train.weight_first_linears(model):
+            got = model(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    with pytest.raises(KeyboardInterrupt), train.weight_first_linears(model):
+        raise KeyboardInterrupt
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    calls = []
+    real = train._weight_first
+    monkeypatch.setattr(train, "_weight_first", lambda m, x: calls.append(x.shape[0]) or real(m, x))
+    sample_batch(cfg, model, tok)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert len(calls) >= n_linear and set(calls) >= {cfg.prompts_per_step * cfg.group_size}
+
+
 def test_draw_is_inverse_cdf_sampling():
     probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
     torch.manual_seed(0)
