@@ -315,9 +315,10 @@ def weight_first_linears(model):
     the operand order MKL multiplies fastest when x has a few rows, as in decoding (one new
     token per row).
 
-    Speed device (CPU sampling). SmolLM2 at 32 rows, 2 cores: the gate and up projections take
-    0.43 ms instead of 0.89, the LM head 26 ms instead of 32, the seven matmuls of a layer 2.2 ms
-    instead of 3.3. Not used in the update: at its 768 rows neither order is faster."""
+    Speed device (CPU sampling). SmolLM2, 32 rows, 2 cores (benchmarks/linear_layout.py): the
+    LM head 27-34 ms instead of 44-60, the 210 other matmuls 89-103 ms instead of 102-141 (in
+    one run of three they were slower: 95-127 against 92-106), of a ~200 ms decoding step.
+    Not used in the update: at its 768 rows F.linear is as fast or faster."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]   # subclasses may pack W
     for m in linears:
         m.forward = functools.partial(_weight_first, m)
