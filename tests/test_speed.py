@@ -5,6 +5,7 @@
 - sample() (prefill once per group, static cache, finished rows dropped) picks token for token
   what transformers' generate() picks greedy, and draws each sampled token from the
   distribution a plain forward pass gives; draw() is inverse-CDF sampling, by hand;
+- weight_first_linears ((W @ x.T).T for x @ W.T while sampling on the CPU) == the plain logits;
 - old_logp taken from the update's own forward pass == a separate scoring pass;
 - micro-batches cut to their longest completion == the full padded width, per loss;
 - the FLOP count behind MFU, by hand.
@@ -314,3 +315,13 @@ def test_sample_vs_generate_benchmark_runs(capsys):
     import benchmarks.sample_vs_generate as bench
     assert bench.main(["--quick", "--threads", "1"]) == 0
     assert "same tokens: True" in capsys.readouterr().out
+
+
+def test_linear_layout_benchmark_runs(tiny, capsys):
+    import benchmarks.linear_layout as bench
+    cfg, model, _ = tiny
+    bench.main(["--model", str(cfg.init), "--rounds", "2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    n_body = sum(type(m) is torch.nn.Linear for m in model.modules()) - 1      # all but the LM head
+    assert out.startswith(f"{n_body} body matmuls") and "round 2:" in out
+    assert out.count("(W @ x.T).T head") == out.count("x @ W.T body") == 2
