@@ -319,7 +319,9 @@ def weight_first_linears(model):
     LM head 27-34 ms instead of 44-60, the 210 other matmuls 89-103 ms instead of 102-141 (in
     one run of three they were slower: 95-127 against 92-106), of a ~200 ms decoding step.
     Not used in the update: at its 768 rows F.linear is as fast or faster."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]   # subclasses may pack W
+    # Plain nn.Linear only (subclasses may pack W), and none whose forward something else
+    # (accelerate's offloading hooks) already replaced.
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
     for m in linears:
         m.forward = functools.partial(_weight_first, m)
     try:

@@ -216,6 +216,14 @@ def test_weight_first_linears_compute_the_same_product_and_are_undone(tiny, monk
     with pytest.raises(KeyboardInterrupt), train.weight_first_linears(model):
         raise KeyboardInterrupt
     assert not any("forward" in m.__dict__ for m in model.modules())
+    hooked = model.get_output_embeddings()                  # a forward someone else replaced stays theirs
+    hooked.forward = hook = lambda x: x
+    try:
+        with train.weight_first_linears(model):
+            assert hooked.forward is hook
+        assert hooked.forward is hook
+    finally:
+        del hooked.forward
     calls = []
     real = train._weight_first
     monkeypatch.setattr(train, "_weight_first", lambda m, x: calls.append(x.shape[0]) or real(m, x))
