@@ -94,7 +94,7 @@ PRESETS = {
     # T = 0.7 gives 6 of 8 groups with mixed rewards (T = 1.0: near-gibberish at 2.2 nats, three quarters of
     # the groups all wrong, so no signal); 80 tokens fit a short correct answer while the untouched model's
     # rambling overruns them (a lesson in itself); beta = 0 needs no reference pass; lr 3e-5 moved held-out
-    # greedy accuracy 0.31 -> 0.59 (200 problems) in 15 steps of 4 x 8, 16 min 39 s with both evaluations (2 idle
+    # greedy accuracy 0.31 -> 0.59 (200 problems) in 15 steps of 4 x 8, 14-17 min with both evaluations (2 idle
     # cores, seed 0). Another random stream of the same settings learned nothing (README: one seed is one draw).
     "smol": dict(model=models.SMOLLM2, steps=15, group_size=8, prompts_per_step=4, micro_batch=16, lr=3e-5,
                  beta=0.0, temperature=0.7, max_new_tokens=80, eval_every=0, eval_n=200, eval_batch=200,
