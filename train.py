@@ -276,7 +276,7 @@ def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
     cache = prefill(model, ids, attn, group_size=share, max_len=ids.shape[1] + cfg.max_new_tokens)
     ids, attn = (x.repeat_interleave(share, dim=0) for x in (ids, attn))
     eos = eos_ids(model, tok)
-    with weight_first_linears(model) if model.device.type == "cpu" else contextlib.nullcontext():
+    with weight_first_linears(model):
         completions = sample(model, ids, attn, cache, max_new_tokens=cfg.max_new_tokens,
                              temperature=None if greedy else cfg.temperature, eos=eos, pad=tok.pad_token_id)
     model.train(was_training)
@@ -315,13 +315,14 @@ def weight_first_linears(model):
     the operand order MKL multiplies fastest when x has a few rows, as in decoding (one new
     token per row).
 
-    Speed device (CPU sampling). SmolLM2, 32 rows, 2 cores (benchmarks/linear_layout.py): the
+    Speed device (CPU sampling; on a GPU it changes nothing). SmolLM2, 32 rows, 2 cores (benchmarks/linear_layout.py): the
     LM head 27-34 ms instead of 44-60, the 210 other matmuls 89-103 ms instead of 102-141 (in
     one run of three they were slower: 95-127 against 92-106), of a ~200 ms decoding step.
     Not used in the update: at its 768 rows F.linear is as fast or faster."""
     # Plain nn.Linear only (subclasses may pack W), and none whose forward something else
-    # (accelerate's offloading hooks) already replaced.
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+    # (accelerate's offloading hooks) already replaced. cuBLAS has no such preference.
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)
+               and m.weight.device.type == "cpu"]
     for m in linears:
         m.forward = functools.partial(_weight_first, m)
     try:

@@ -20,6 +20,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 import models  # noqa: E402
+import train  # noqa: E402
 
 
 def main(argv=None):
@@ -33,8 +34,8 @@ def main(argv=None):
     head = model.get_output_embeddings()
     body = [m for m in model.modules() if type(m) is torch.nn.Linear and m is not head]
     x = {n: torch.randn(args.rows, n) for n in {m.in_features for m in body + [head]}}
-    orders = {"x @ W.T": lambda m: torch.nn.functional.linear(x[m.in_features], m.weight),
-              "(W @ x.T).T": lambda m: (m.weight @ x[m.in_features].T).T.contiguous()}
+    orders = {"x @ W.T": lambda m: m(x[m.in_features]),                        # nn.Linear's own F.linear
+              "(W @ x.T).T": lambda m: train._weight_first(m, x[m.in_features])}
     print(f"{len(body)} body matmuls and the {tuple(head.weight.shape)} LM head, x of {args.rows} rows, "
           f"{torch.get_num_threads()} threads; ms per pass over all layers")
     with torch.no_grad():
