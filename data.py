@@ -5,6 +5,7 @@ answer is a worked solution whose last line is ``#### <number>`` (``rewards.gold
 reads it). The prompt is built in one place, ``render_prompt``, used by training,
 evaluation and the tests alike, so they can never drift apart.
 """
+import functools
 import json
 import random
 import re
@@ -191,3 +192,31 @@ def wordy_solution(problem):
     a, op, b = m.groups()
     return {"question": problem["question"],
             "answer": f"We start with {a} and then {VERBS[op]} {b}, so {problem['answer']}"}
+
+
+# ----------------------------------------------------------------------------------------
+# What train.py trains and evaluates on, in a fixed order per seed.
+
+def load_problems(cfg):
+    """(train, held_out) lists of {"question", "answer"}; answers end with '#### N'."""
+    if cfg.data == "synthetic":
+        train = make_synthetic(20_000, level=cfg.level, seed=0)
+        held_out = make_synthetic(cfg.eval_n, level=cfg.level, seed=1, exclude={p["question"] for p in train})
+        return train, held_out
+    try:
+        train, test = load_gsm8k("train", cfg.data or None), load_gsm8k("test", cfg.data or None)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}") from None
+    return train, test[:cfg.eval_n]
+
+
+@functools.lru_cache(maxsize=4)
+def prompt_order(seed, n):
+    """The fixed shuffled order of the n training problems for a seed (computed once per run)."""
+    return random.Random(f"order-{seed}").sample(range(n), n)
+
+
+def batch_of_prompts(train, cfg, step):
+    """The prompts of step ``step`` (1-based): a fixed shuffled order, so resume is exact."""
+    order, start = prompt_order(cfg.seed, len(train)), (step - 1) * cfg.prompts_per_step
+    return [train[order[(start + k) % len(train)]] for k in range(cfg.prompts_per_step)]

@@ -1,4 +1,4 @@
-"""models.py — where the policy comes from; train.py only calls ``load(source)``.
+"""models.py — where the policy comes from; train.py only calls ``load_model(cfg, device)``.
 
 Three sources, one return value ``(model, tokenizer)`` in float32:
 
@@ -15,6 +15,7 @@ Three sources, one return value ``(model, tokenizer)`` in float32:
 Every cache here is written to a temporary directory and renamed into place, so a crash or
 two runs starting at once never leave half a model behind.
 """
+import copy
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -220,3 +221,54 @@ def warm_start(cfg):
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
     return str(save_atomically(path, model, tok))      # parallel runs never see half a warm start
+
+
+# ----------------------------------------------------------------------------------------
+# The policy as train.py trains it: placed on its device, wrapped, its reference and its optimizer.
+
+def load_model(cfg, device):
+    """(policy, tokenizer) for train.py: from --init / --model (see load()), or the tiny model's
+    cached warm start; then placed on the device, checkpointed and wrapped for LoRA."""
+    model, tok = load(cfg.init or cfg.model or warm_start(cfg))
+    tok.padding_side = "left"          # prompts are left-padded so completions start together
+    model.to(device)
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if cfg.lora_rank > 0:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise SystemExit("error: --lora-rank needs the optional dependency peft: pip install peft") from None
+        if cfg.grad_checkpointing:
+            model.enable_input_require_grads()
+        torch.manual_seed(cfg.seed)      # the adapters' random initialisation belongs to the seed
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                 "gate_proj", "up_proj", "down_proj"]))
+    return model, tok
+
+
+def reference_model(policy, cfg):
+    """The frozen reference for the KL term: a copy of the starting policy (in bf16 when the run
+    computes in bf16). None when beta = 0 (no KL term) and with LoRA, whose reference is the
+    same model with its adapters switched off (no second copy)."""
+    if cfg.beta == 0 or cfg.lora_rank > 0:
+        return None
+    ref = copy.deepcopy(policy).requires_grad_(False).eval()
+    return ref.to(torch.bfloat16) if cfg.dtype == "bfloat16" else ref
+
+
+def pick_device(cfg):
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but no CUDA GPU is visible")
+    return torch.device(cfg.device)
+
+
+def make_optimizer(policy, cfg):
+    """AdamW over the trainable parameters. fused=True updates in place: the unfused version
+    allocates temporaries the size of the largest tensor (Qwen's 151,936 x 896 embedding)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99), fused=True)

@@ -1,4 +1,4 @@
-"""x @ W.T (F.linear) against (W @ x.T).T (train.weight_first_linears) at a decoding step's size.
+"""x @ W.T (F.linear) against (W @ x.T).T (sampling.weight_first_linears) at a decoding step's size.
 
     python benchmarks/linear_layout.py                 # SmolLM2, 32 rows: about 30 s on 2 cores
     python benchmarks/linear_layout.py --rows 768      # the size of one update micro-batch
@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 import models  # noqa: E402
-import train  # noqa: E402
+import sampling  # noqa: E402
 
 
 def main(argv=None):
@@ -35,7 +35,7 @@ def main(argv=None):
     body = [m for m in model.modules() if type(m) is torch.nn.Linear and m is not head]
     x = {n: torch.randn(args.rows, n) for n in {m.in_features for m in body + [head]}}
     orders = {"x @ W.T": lambda m: m(x[m.in_features]),                        # nn.Linear's own F.linear
-              "(W @ x.T).T": lambda m: train._weight_first(m, x[m.in_features])}
+              "(W @ x.T).T": lambda m: sampling._weight_first(m, x[m.in_features])}
     print(f"{len(body)} body matmuls and the {tuple(head.weight.shape)} LM head, x of {args.rows} rows, "
           f"{torch.get_num_threads()} threads; ms per pass over all layers")
     with torch.no_grad():

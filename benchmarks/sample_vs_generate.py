@@ -1,4 +1,4 @@
-"""train.sample() against transformers' generate(): same prompts, seed and knobs, back to back.
+"""sampling.sample() (what train.rollout calls) against transformers' generate(): same prompts, seed and knobs, back to back.
 
     python benchmarks/sample_vs_generate.py          # the four settings in the README (about 5 min on 2 cores)
 
@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 import data  # noqa: E402
 import models  # noqa: E402
+import sampling  # noqa: E402
 import train  # noqa: E402
 
 
@@ -31,7 +32,7 @@ def with_generate(model, tok, questions, cfg, greedy, group_size):
     from transformers import DynamicCache
     enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
               add_special_tokens=False)
-    gen = train.generation_config(model, tok, cfg, greedy)
+    gen = sampling.generation_config(model, tok, cfg, greedy)
     model.generation_config = gen
     cache = DynamicCache(config=model.config)
     ids, attn = enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]
@@ -57,11 +58,12 @@ def compare(name, model_dir, prompts, group_size, tokens, temperature, greedy, r
         t_generate = time.perf_counter() - t
         torch.manual_seed(r)
         t = time.perf_counter()
-        _, _, b, mask, _ = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=group_size)
+        sampled = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=group_size)
+        b, mask = sampled.completions, sampled.mask
         t_sample = time.perf_counter() - t
         lengths = lambda m: f"mean {m.sum(1).mean():.1f} max {m.sum(1).max():.0f}"
         same = f"same tokens: {torch.equal(a, b)}" if greedy else \
-            f"lengths: generate {lengths(train.completion_mask(a, train.eos_ids(model, tok))[0])}, sample"
+            f"lengths: generate {lengths(train.completion_mask(a, sampling.eos_ids(model, tok))[0])}, sample"
         print(f"{name:9s} {prompts} x {group_size}, {'greedy' if greedy else f'T = {temperature}'}, {tokens} tokens: "
               f"generate {t_generate:6.2f} s   sample {t_sample:6.2f} s   ratio {t_sample / t_generate:.2f}   "
               f"{same} {lengths(mask)}", flush=True)

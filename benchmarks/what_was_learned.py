@@ -30,15 +30,15 @@ def grade(model, tok, problems, cfg):
     n = dict(correct=0, strict=0, format=0, truncated=0, tokens=0)
     for i in range(0, len(problems), cfg.eval_batch):
         chunk = problems[i:i + cfg.eval_batch]
-        _, _, completions, mask, truncated = train.rollout(model, tok, [p["question"] for p in chunk], cfg, greedy=True)
-        for text, p in zip(train.decode(tok, completions, mask), chunk):
+        batch = train.rollout(model, tok, [p["question"] for p in chunk], cfg, greedy=True)
+        for text, p in zip(train.decode(tok, batch.completions, batch.mask), chunk):
             right = rewards.correctness_reward(text, rewards.gold_answer(p["answer"]))
             form = rewards.format_reward(text)
             n["correct"] += right
             n["strict"] += right * form
             n["format"] += form
-        n["truncated"] += truncated.sum().item()
-        n["tokens"] += mask.sum().item()
+        n["truncated"] += batch.truncated.sum().item()
+        n["tokens"] += batch.mask.sum().item()
     return {k: v / len(problems) for k, v in n.items()}
 
 
@@ -60,7 +60,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     for source in a.models:
         model, tok = models.load(source)
-        tok.padding_side = "left"                 # as train.load_model: completions start together
+        tok.padding_side = "left"                 # as models.load_model: completions start together
         for budget in a.max_new_tokens:
             cfg.max_new_tokens = budget
             r = grade(model, tok, held_out, cfg)

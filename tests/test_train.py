@@ -1,5 +1,6 @@
 """Tests for train.py: end-to-end runs of the tiny preset, exact resume, bad inputs, and the
 GRPO traps (pad == eos masks, hidden sampling defaults, scoring vs sampling, micro-batching)."""
+import copy
 import functools
 import json
 import os
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import data
+import models
+import sampling
+import scoring
 import train
 from losses import LOSSES
 
@@ -24,11 +29,11 @@ FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch
 def warm(tmp_path_factory):
     """A (badly) warmed-up tiny model, built once for the whole module."""
     root = tmp_path_factory.mktemp("warm")
-    path = train.warm_start(train.parse_config(FAST + ["--out", str(root / "x")]))
+    path = models.warm_start(train.parse_config(FAST + ["--out", str(root / "x")]))
     assert (Path(path) / "config.json").exists() and (Path(path) / "tokenizer.json").exists()
     _, tok = train.load_model(train.parse_config(FAST + ["--init", path]), torch.device("cpu"))
     text = "Q: Mia has 7 pens.\nA: 7+5=12\n#### 12"
-    assert tok(text)["input_ids"] == train.tiny_tokenizer()(text)["input_ids"]   # loads exactly as saved
+    assert tok(text)["input_ids"] == models.tiny_tokenizer()(text)["input_ids"]   # loads exactly as saved
     return path
 
 
@@ -91,8 +96,8 @@ def test_final_model_loads_as_a_plain_hf_directory(tmp_path, warm):
     assert all(torch.equal(final.state_dict()[k], v) for k, v in trained.items())
     base = AutoModelForCausalLM.from_pretrained(warm)
     assert not all(torch.equal(base.state_dict()[k], v) for k, v in trained.items())   # it trained
-    _, tok = train.models.load(str(out / "final"))
-    assert tok("7+5=12")["input_ids"] == train.tiny_tokenizer()("7+5=12")["input_ids"]
+    _, tok = models.load(str(out / "final"))
+    assert tok("7+5=12")["input_ids"] == models.tiny_tokenizer()("7+5=12")["input_ids"]
     assert final.generation_config.do_sample is False                                  # greedy, written out
 
 @pytest.mark.slow
@@ -238,7 +243,7 @@ def test_mask_uses_positions_when_pad_equals_eos():
 
 
 def test_tiny_tokenizer_pad_is_eos():
-    tok = train.tiny_tokenizer()
+    tok = models.tiny_tokenizer()
     assert tok.pad_token_id == tok.eos_token_id and tok.padding_side == "left"
     assert tok.decode(tok("A: 7+5=12\n#### 12")["input_ids"]) == "A: 7+5=12\n#### 12"
 
@@ -256,7 +261,7 @@ def test_checkpoint_sampling_defaults_cannot_leak(tiny):
     model.generation_config = GenerationConfig(do_sample=True, top_k=20, top_p=0.8, repetition_penalty=1.05,
                                                temperature=0.3)          # what Qwen2.5-Instruct ships
     enc = tok(["Q: Mia has 3 pens.\nA: ", "Q: 1+1?\nA: "], return_tensors="pt", padding=True, add_special_tokens=False)
-    gen = train.generation_config(model, tok, cfg)
+    gen = sampling.generation_config(model, tok, cfg)
     gen.update(output_scores=True, output_logits=True, return_dict_in_generate=True)
     model.generation_config = gen
     out = model.generate(**enc, generation_config=gen)
@@ -270,22 +275,21 @@ def test_scoring_matches_the_sampling_distribution(tiny):
     cfg, model, tok = tiny
     torch.manual_seed(0)
     questions = ["Mia has 3 pens and buys 12 more. How many pens does Mia have?", "Tom has 5 cups."] * 2
-    enc = tok([train.data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
+    enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
               add_special_tokens=False)
     assert (enc["attention_mask"] == 0).any()           # the short prompts really are left-padded
-    gen = train.generation_config(model, tok, cfg)
+    gen = sampling.generation_config(model, tok, cfg)
     gen.update(output_logits=True, return_dict_in_generate=True)
     model.generation_config = gen
     out = model.generate(**enc, generation_config=gen)
     completions = out.sequences[:, enc["input_ids"].shape[1]:]
     sampled = torch.log_softmax(torch.stack(out.logits, 1) / 0.7, -1).gather(-1, completions[..., None])[..., 0]
-    mask, _ = train.completion_mask(completions, train.eos_ids(model, tok))
-    batch = (enc["input_ids"], enc["attention_mask"], completions, mask)
-    logp, entropy = train.score_no_grad(model, batch, cfg, torch.device("cpu"))
+    mask, truncated = train.completion_mask(completions, sampling.eos_ids(model, tok))
+    batch = train.Rollout(enc["input_ids"], enc["attention_mask"], completions, mask, truncated)
+    logp, entropy = scoring.score_no_grad(model, batch, cfg)
     assert torch.allclose(logp * mask, sampled * mask, atol=1e-4)
     cfg.temperature = 1.0                                # scoring without the temperature: wrong
-    assert not torch.allclose(train.score_no_grad(model, batch, cfg, torch.device("cpu"))[0] * mask,
-                              sampled * mask, atol=1e-2)
+    assert not torch.allclose(scoring.score_no_grad(model, batch, cfg)[0] * mask, sampled * mask, atol=1e-2)
     assert (entropy[mask > 0] > 0).all()
 
 
@@ -309,7 +313,7 @@ def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss
     cfg, model, tok = tiny
     problems = train.load_problems(cfg)[0][:4]
     monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
-    ref = train.copy.deepcopy(model).requires_grad_(False)
+    ref = copy.deepcopy(model).requires_grad_(False)
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.01 * torch.randn_like(p))         # a reference that differs: the KL term counts too
@@ -348,14 +352,12 @@ def test_lora_reference_is_the_base_with_adapters_disabled(warm, monkeypatch):
     assert metrics["kl"] > 0                             # the adapters moved away from the base
     assert all(torch.equal(p, frozen[n]) for n, p in policy.named_parameters() if not p.requires_grad)
     torch.manual_seed(0)
-    _, _, completions, mask, _ = train.rollout(base, tok, [p["question"] for p in problems], cfg)
-    enc = tok([train.data.render_prompt(tok, p["question"]) for p in problems], return_tensors="pt",
-              padding=True, add_special_tokens=False)
-    batch = (enc["input_ids"], enc["attention_mask"], completions, mask)
-    want = train.score_no_grad(base, batch, cfg, torch.device("cpu"))[0] * mask
+    batch = train.rollout(base, tok, [p["question"] for p in problems], cfg)
+    mask = batch.mask
+    want = scoring.score_no_grad(base, batch, cfg)[0] * mask
     with policy.disable_adapter():
-        assert torch.allclose(train.score_no_grad(policy, batch, cfg, torch.device("cpu"))[0] * mask, want, atol=1e-5)
-    assert not torch.allclose(train.score_no_grad(policy, batch, cfg, torch.device("cpu"))[0] * mask, want, atol=1e-3)
+        assert torch.allclose(scoring.score_no_grad(policy, batch, cfg)[0] * mask, want, atol=1e-5)
+    assert not torch.allclose(scoring.score_no_grad(policy, batch, cfg)[0] * mask, want, atol=1e-3)
 
 
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
@@ -375,9 +377,9 @@ def test_qwen_preset_reads_local_gsm8k():
 # Full size: one GRPO step of the real Qwen2.5-0.5B-Instruct architecture on CPU.
 
 SMOKE = r"""
-import resource, sys, time, torch
+import copy, resource, sys, time, torch
 sys.path.insert(0, sys.argv[1])
-import train
+import models, train
 from transformers import Qwen2Config, Qwen2ForCausalLM
 torch.manual_seed(0)
 # Qwen2.5-0.5B-Instruct's published config.json, with random weights.
@@ -386,11 +388,11 @@ config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                      bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
 policy = Qwen2ForCausalLM(config)
-tok = train.tiny_tokenizer()         # ids 0..96 exist in the big vocabulary as well
+tok = models.tiny_tokenizer()        # ids 0..96 exist in the big vocabulary as well
 cfg = train.parse_config(["--preset", "qwen-0.5b", "--prompts-per-step", "2", "--group-size", "2",
                           "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu"])
 policy.gradient_checkpointing_enable()
-ref = train.copy.deepcopy(policy).requires_grad_(False).eval().to(torch.bfloat16)
+ref = copy.deepcopy(policy).requires_grad_(False).eval().to(torch.bfloat16)
 opt = train.make_optimizer(policy, cfg)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 problems = [{"question": "Mia has 3 pens and buys 4 more. How many pens?", "answer": "3+4=7\n#### 7"},
