@@ -12,7 +12,7 @@ positions, never from token ids: on Qwen the pad token is also an EOS token). ``
 carries the gradient; everything else is treated as a constant.
 
 The specification (equations, defaults, which parts are our reconstruction of papers whose
-exact equations we could not read) is METHODS.md; the README repeats it for learners.
+exact equations we could not read) is docs/METHODS.md; the README repeats it for learners.
 Reading order: the shared pieces (advantages, surrogate, KL, aggregation), then
 ``grpo_loss`` and the three variants, each a few lines away from it.
 

@@ -88,7 +88,7 @@ def check_config(args):
                         "loss=... and the aggregation with loss_kwargs={'agg': ...}")
     if args.beta != 0 and args.use_bias_correction_kl:
         problems.append("use_bias_correction_kl=True (TRL's default) multiplies k3 by the importance ratio; our "
-                        "losses use plain k3 (METHODS.md): pass use_bias_correction_kl=False")
+                        "losses use plain k3 (docs/METHODS.md): pass use_bias_correction_kl=False")
     if args.use_vllm and args.vllm_importance_sampling_correction:
         problems.append("vllm_importance_sampling_correction=True multiplies each token's loss by a vLLM-vs-trainer "
                         "ratio, and our losses take no extra per-token factor: pass "

@@ -1,5 +1,5 @@
 """Tests for losses.py: hand-computed values, properties, gradients, and an independent
-re-implementation of METHODS.md written with plain per-token loops."""
+re-implementation of docs/METHODS.md written with plain per-token loops."""
 import math
 
 import pytest
@@ -198,7 +198,7 @@ def test_group_advantages_dr_grpo_and_errors():
 
 
 # ----------------------------------------------------------------------------------------
-# Properties from METHODS.md "What the tests must pin down"
+# Properties from docs/METHODS.md "What the tests must pin down"
 
 def random_batch(B=8, T=6, group=4, seed=0, off_policy=True):
     g = torch.Generator().manual_seed(seed)
@@ -432,7 +432,7 @@ def test_cw_weights_per_micro_batch_would_be_wrong():
 
 
 # ----------------------------------------------------------------------------------------
-# An independent implementation of METHODS.md, one token at a time, compared on random
+# An independent implementation of docs/METHODS.md, one token at a time, compared on random
 # off-policy batches: values, gradients, weights and the TEPO mask.
 
 def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=None):
