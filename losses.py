@@ -37,6 +37,7 @@ def group_advantages(rewards, group_size, scale_std=True):
     are all equal carries no learning signal and gets exactly 0 (not 0/0 = NaN, and not a
     rounding residue divided by 1e-4). ``scale_std=False`` is Dr. GRPO (no std division).
     """
+    # BEGIN SOLUTION group_advantages
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 (advantages are relative to the group), got {group_size}")
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
@@ -48,6 +49,7 @@ def group_advantages(rewards, group_size, scale_std=True):
         adv = adv / (r.std(dim=1, keepdim=True) + 1e-4)
     all_equal = (r == r[:, :1]).all(dim=1, keepdim=True)
     return torch.where(all_equal, torch.zeros_like(adv), adv).view(-1)
+    # END SOLUTION
 
 
 def aggregate(x, mask, agg, max_tokens=None):
@@ -58,8 +60,10 @@ def aggregate(x, mask, agg, max_tokens=None):
     token-mean (DAPO): each token counts equally, whichever sequence it is in.
     seq-mean-token-sum-norm (Dr. GRPO): sum over tokens / (B * max_tokens); a constant
         denominator, so no length bias at all.
-    ``x`` must be finite at padded positions (the losses guarantee it: see ``_log_ratio``).
+    A row without valid tokens adds 0 and still counts in B (no 0/0). ``x`` must be finite
+    at padded positions (the losses guarantee it: see ``_log_ratio``).
     """
+    # BEGIN SOLUTION aggregation
     x = x * mask
     if agg == "seq-mean-token-mean":
         return (x.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
@@ -68,6 +72,7 @@ def aggregate(x, mask, agg, max_tokens=None):
     if agg == "seq-mean-token-sum-norm":
         return x.sum() / (x.shape[0] * (max_tokens or x.shape[1]))
     raise ValueError(f"unknown aggregation {agg!r}; choose one of {AGGREGATIONS}")
+    # END SOLUTION
 
 
 def microbatch_scale(agg, mb_mask, batch_mask):
@@ -78,11 +83,13 @@ def microbatch_scale(agg, mb_mask, batch_mask):
     ``max_tokens`` fixed for sum-norm), tokens/total tokens for token-mean. Without it the
     gradient changes with the micro-batch size.
     """
+    # BEGIN SOLUTION aggregation
     if agg == "token-mean":
         return (mb_mask > 0).sum().item() / max((batch_mask > 0).sum().item(), 1)
     if agg in AGGREGATIONS:
         return mb_mask.shape[0] / batch_mask.shape[0]
     raise ValueError(f"unknown aggregation {agg!r}; choose one of {AGGREGATIONS}")
+    # END SOLUTION
 
 
 def clipped_surrogate(ratio, adv, clip_eps):
@@ -91,15 +98,19 @@ def clipped_surrogate(ratio, adv, clip_eps):
     Returns the objective and where the clip is active (the min picked the clipped,
     gradient-free branch), for the ``clip_frac`` diagnostic.
     """
+    # BEGIN SOLUTION grpo_loss
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
     return torch.minimum(unclipped, clipped), clipped < unclipped
+    # END SOLUTION
 
 
 def k3(logp, ref_logp):
     """k3(a, b) = exp(b - a) - (b - a) - 1 >= 0: Schulman's unbiased KL(pi || ref) estimator."""
+    # BEGIN SOLUTION grpo_loss
     d = ref_logp - logp
     return torch.exp(d) - d - 1
+    # END SOLUTION
 
 
 def _log_ratio(logp, old_logp, mask):
@@ -138,11 +149,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     Intuition: push up every token of an answer that beat its group, down every token of
     one that lost, by the same advantage, trusting the update only near the old policy.
     """
+    # BEGIN SOLUTION grpo_loss
     ratio = torch.exp(_log_ratio(logp, old_logp, mask))
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     kl = _kl_term(logp, ref_logp, mask, beta)
     loss = -aggregate(surrogate - beta * kl, mask, agg, max_tokens)
     return loss, _info(mask, torch.ones_like(logp), ratio, clipped, kl)
+    # END SOLUTION
 
 
 def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
@@ -151,8 +164,10 @@ def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
     Monotone non-decreasing in the token's probability p: 1.0 for p <~ 0.12, ~1.22 at
     p = 0.2, 1.4 for p >~ 0.4 with the defaults. [reconstruction: tau read as 1/9]
     """
+    # BEGIN SOLUTION tr_grpo_weights
     p = torch.exp(logp.detach())
     return (alpha * (torch.sigmoid(p / tau) - mu)).clamp(w_min, w_max)
+    # END SOLUTION
 
 
 def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
@@ -185,8 +200,10 @@ def cw_grpo_weights(logp, advantages, mask, scope="batch", group_size=None):
     ``scope="batch"`` centres and estimates sigma over the whole batch [reconstruction, as
     in Cui et al.'s covariance code]; ``scope="group"`` does it within each group of
     ``group_size`` consecutive rows. Always call it on the whole batch of a step, never on
-    a micro-batch: these are batch statistics.
+    a micro-batch: these are batch statistics. N and sum(w) count valid tokens only; with
+    no spread at all (sigma < 1e-8, e.g. equal advantages) every weight is exactly 1.
     """
+    # BEGIN SOLUTION cw_grpo_weights
     if scope == "group":
         if not group_size or logp.shape[0] % group_size:
             raise ValueError("scope='group' needs group_size dividing the batch size")
@@ -203,6 +220,7 @@ def cw_grpo_weights(logp, advantages, mask, scope="batch", group_size=None):
         return torch.ones_like(l)
     w = torch.exp(c.square().mul_(-0.5 / sigma ** 2))
     return w.mul_(n / torch.dot(w.flatten(), m.flatten()))
+    # END SOLUTION
 
 
 def cw_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
@@ -227,6 +245,38 @@ def cw_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     return loss, _info(mask, w, ratio, clipped, kl)
 
 
+def tepo_sequence_ratio(logp, old_logp, mask):
+    """TEPO's likelihood ratio ``[B, T]``: one value per sequence, a gradient per token.
+
+        log s_i = sum_t (logp_t - old_logp_t) m_t / sum_t m_t   (geometric mean of the token ratios)
+        s_i,t   = exp(sg[log s_i] + logp_t - sg[logp_t])         (sg = stop-gradient, ``.detach()``)
+
+    The value at every position of row i, padding included, is s_i; the gradient of s_i,t
+    with respect to logp_t is s_i, and nothing flows to the row's other tokens (the
+    GSPO-token form). So every token of a sequence is pushed with the same ratio, the one of
+    the whole sequence. Padded positions may hold any finite garbage (they are zeroed before
+    ``exp``, see ``_log_ratio``); a row without valid tokens has s = 1.
+    """
+    # BEGIN SOLUTION tepo
+    log_s = _log_ratio(logp, old_logp, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return torch.exp(log_s.detach()[:, None] + logp - logp.detach())
+    # END SOLUTION
+
+
+def tepo_kl_mask(logp, entropy, advantages, mask):
+    """TEPO's KL mask ``[B, T]``: 1.0 on the tokens whose reinforcement would lower entropy.
+
+        M_i,t = (A_i > 0) and (logp_t + H_t > 0) and (m_t = 1),  else 0.0   (both ">" strict)
+
+    Raising token t's logit changes the entropy H_t of its distribution by
+    -p_t (log p_t + H_t): it lowers the entropy exactly when log p_t + H_t > 0, and a positive
+    advantage is what raises it. A float tensor in ``logp``'s dtype, with no gradient.
+    """
+    # BEGIN SOLUTION tepo
+    return (logp.detach() + entropy).gt_(0).mul_(mask * (advantages > 0)[:, None])
+    # END SOLUTION
+
+
 def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
               clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None):
     """TEPO (Lin et al., arXiv 2510.09369 / 2604.12736, ACL 2026): sequence ratio + KL mask.
@@ -244,10 +294,9 @@ def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     """
     if entropy is None:
         raise ValueError("tepo_loss needs entropy [B, T] (full-vocabulary entropy of the policy)")
-    log_s = _log_ratio(logp, old_logp, mask).sum(-1) / mask.sum(-1).clamp(min=1)    # <- new
-    ratio = torch.exp(log_s.detach()[:, None] + logp - logp.detach())                 # <- new
+    ratio = tepo_sequence_ratio(logp, old_logp, mask)                                 # <- new
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
-    kl_mask = (logp.detach() + entropy).gt_(0).mul_(mask * (advantages > 0)[:, None])  # <- new
+    kl_mask = tepo_kl_mask(logp, entropy, advantages, mask)                           # <- new
     kl = _kl_term(logp, ref_logp, mask, beta)
     loss = -aggregate(surrogate - beta * kl_mask * kl, mask, agg, max_tokens)       # <- M *
     return loss, _info(mask, torch.ones_like(logp), ratio, clipped, kl, kl_mask=kl_mask)
@@ -280,6 +329,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature):
+        # BEGIN SOLUTION token_logprobs
         dtype = torch.promote_types(logits.dtype, torch.float32)      # bf16 logits are scored in float32
         logp = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)
         entropy = torch.empty_like(logp)
@@ -305,15 +355,18 @@ class _TokenLogprobs(torch.autograd.Function):
             ctx.save_for_backward(probs, tokens)
             ctx.temperature, ctx.dtype = temperature, logits.dtype
         return logp, entropy
+        # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
+        # BEGIN SOLUTION token_logprobs
         probs, tokens = ctx.saved_tensors
         grad = probs * -grad_logp[:, None]                               # - softmax(x) * g
         grad.scatter_add_(-1, tokens[:, None], grad_logp[:, None])       # + onehot(token) * g
         if ctx.temperature != 1.0:
             grad /= ctx.temperature                                      # dx / dlogits = 1 / T
         return grad.to(ctx.dtype), None, None
+        # END SOLUTION
 
 
 def token_logprobs(logits, tokens, temperature=1.0):
@@ -323,14 +376,17 @@ def token_logprobs(logits, tokens, temperature=1.0):
     caller). The temperature is the sampling temperature: scoring without it gives a ratio
     != 1 on-policy. The entropy is that of the whole next-token distribution, not -log p of
     the sampled token (a common shortcut that measures surprise, not spread), and carries no
-    gradient. Both are float32 whatever the logits' dtype, computed in row chunks so that no
-    float32 temporary exceeds CHUNK_ELEMENTS (a full [B, T, V] log_softmax over Qwen's
-    151,936 words would be 1.2 GB for 4 x 512 tokens); under autograd the softmax kept for
-    the backward pass is one float32 copy of the logits. The gradient is _TokenLogprobs'.
+    gradient. Both are float32 for bf16, fp16 or fp32 logits (float64 for float64 ones),
+    computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
+    [B, T, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
+    under autograd the softmax kept for the backward pass is one float32 copy of the logits.
+    The gradient is _TokenLogprobs'.
     """
+    # BEGIN SOLUTION token_logprobs
     flat = logits.reshape(-1, logits.shape[-1])
     logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
     return logp.view(tokens.shape), entropy.view(tokens.shape)
+    # END SOLUTION
 
 
 # ----------------------------------------------------------------------------------------

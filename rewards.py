@@ -81,6 +81,7 @@ def _last_match(pattern, text):
 
 def _last_boxed(text, tries=10):
     """Body of the last \\boxed{...} whose braces close (nested braces allowed), or None."""
+    # BEGIN SOLUTION extract_answer
     end = len(text)
     for _ in range(tries):
         start = text.rfind("\\boxed{", 0, end)
@@ -95,6 +96,7 @@ def _last_boxed(text, tries=10):
             return text[start + len("\\boxed{"):i - 1]
         end = start
     return None
+    # END SOLUTION
 
 
 def extract_answer(text):
@@ -110,6 +112,7 @@ def extract_answer(text):
     ``+``, trailing ``.``/``.0``/``.00``; ``a/b`` and ``\\frac{a}{b}`` become exact fractions.
     A "number" with more than 40 digits is not an answer.
     """
+    # BEGIN SOLUTION extract_answer
     if not text:
         return None
     text = _clean(text)
@@ -139,6 +142,7 @@ def extract_answer(text):
         if (value := to_fraction(number)) is not None:
             return normalise(value)
     return None
+    # END SOLUTION
 
 
 def gold_answer(gsm8k_answer):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import losses
-from losses import (AGGREGATIONS, LOSSES, aggregate, cw_grpo_loss, cw_grpo_weights, grpo_loss,
+from losses import (AGGREGATIONS, LOSSES, cw_grpo_loss, cw_grpo_weights, grpo_loss,
                     group_advantages, microbatch_scale, tepo_loss, token_logprobs,
                     tr_grpo_loss, tr_grpo_weights)
 
@@ -200,13 +200,15 @@ def test_group_advantages_dr_grpo_and_errors():
 # ----------------------------------------------------------------------------------------
 # Properties from docs/METHODS.md "What the tests must pin down"
 
-def random_batch(B=8, T=6, group=4, seed=0, off_policy=True):
+def random_batch(B=8, T=6, seed=0, off_policy=True):
+    """A random off-policy batch. The advantages are drawn from {-1, 0, +1}, not computed with
+    group_advantages: a test of a loss must not depend on another function under test."""
     g = torch.Generator().manual_seed(seed)
     logp = torch.log(torch.rand(B, T, generator=g) * 0.98 + 0.01)
     old = logp + (0.3 * torch.randn(B, T, generator=g) if off_policy else 0)
     ref = logp + 0.3 * torch.randn(B, T, generator=g)
     entropy = torch.rand(B, T, generator=g) * 3
-    adv = group_advantages(torch.randint(0, 3, (B,), generator=g).double(), group)
+    adv = torch.randint(0, 3, (B,), generator=g).double() - 1
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None] < lengths[:, None]).double()
     return logp.requires_grad_(), old, ref, adv, mask, entropy
@@ -269,7 +271,9 @@ def test_on_policy_ratio_is_one_loss_is_weighted_advantage(name, agg):
     loss, grad, info = loss_and_grad(LOSSES[name], logp, logp.detach(), ref, adv, mask, entropy,
                                      beta=0.0, agg=agg)
     assert info["ratio_mean"].item() == 1.0 and info["clip_frac"].item() == 0.0
-    expected = -aggregate(info["weights"] * adv[:, None], mask, agg)
+    x, n = info["weights"] * adv[:, None] * mask, mask.sum(-1)       # every row has a token
+    expected = -{"seq-mean-token-mean": (x.sum(-1) / n).mean(), "token-mean": x.sum() / n.sum(),
+                 "seq-mean-token-sum-norm": x.sum() / x.numel()}[agg]   # not aggregate(): it is under test too
     assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
     assert grad.abs().sum() > 0         # the value is "just A", but the gradient is not zero
 
@@ -358,7 +362,7 @@ def test_cw_grpo_weights_mean_one_and_extreme_gets_smallest():
 
 def test_cw_grpo_scope_group_differs_from_batch():
     logp, _, _, _, mask, _ = random_batch(B=8, T=6, seed=7)
-    adv = group_advantages(torch.tensor([0, 1, 1, 1, 0, 0, 0, 1.0]), 4)
+    adv = torch.tensor([-1.5, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5, 1.5]) / 0.5001   # rewards [0 1 1 1 | 0 0 0 1]
     with torch.no_grad():
         logp[4:] -= 2.0                  # the second group is much less confident than the first
     wb = cw_grpo_weights(logp, adv, mask, scope="batch")
@@ -400,7 +404,7 @@ def test_padding_changes_nothing(name, agg):
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_micro_batches_accumulate_to_the_full_batch_gradient(name, agg):
-    logp, old, ref, adv, mask, entropy = random_batch(B=12, T=7, group=4, seed=4)
+    logp, old, ref, adv, mask, entropy = random_batch(B=12, T=7, seed=4)
     full_loss, full_grad, _ = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, agg=agg)
     x = logp.detach().clone().requires_grad_()
     extra = {}
@@ -483,7 +487,7 @@ def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=No
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_matches_independent_implementation(name, agg, beta):
     for seed in range(3):
-        logp, old, ref, adv, mask, entropy = random_batch(B=6, T=5, group=3, seed=100 + seed)
+        logp, old, ref, adv, mask, entropy = random_batch(B=6, T=5, seed=100 + seed)
         x = logp.detach().clone().requires_grad_()
         want, w, M = reference_loss(name, x, old, ref, adv, mask, entropy, beta, agg)
         want.backward()

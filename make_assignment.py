@@ -1,0 +1,297 @@
+"""Make the student's copy of this repo, and optionally the instructor's answer key.
+
+    python make_assignment.py --out DIR                       # every part (assignment.py)
+    python make_assignment.py --out DIR --parts aggregation tepo
+    python make_assignment.py --out DIR --answer-key KEY      # also the instructor's copy
+
+The student's copy is the whole repo (the files git tracks, plus new files it does not
+ignore; outside git, every file but runs/ and caches) without .git, with:
+  * each chosen part's marked region replaced by ``raise NotImplementedError("<part>: ...")``
+    (signatures and docstrings kept) and the marker lines of the other parts removed;
+  * the hidden tests and make_assignment.py left out (assignment.HIDDEN_TESTS: they would
+    give answers away, or only pass with the solutions), and markdown links to them turned
+    into plain text;
+  * a HANDOUT.md generated from the parts: goal, signatures and docstrings, info keys,
+    errors, points, and the command that grades each part.
+The answer key is the repo as it is (solutions, markers, hidden tests), without .git; both
+copies grade the same parts (``assignment.ASSIGNED``). Nothing is written into a directory
+that exists and is not empty.
+"""
+import argparse
+import ast
+import os
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import assignment
+
+ROOT = Path(__file__).resolve().parent
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")             # a markdown link: [text](target)
+BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<part>\S+)\s*$")
+END = re.compile(r"^(?P<indent>\s*)# END SOLUTION\s*$")
+NOT_COPIED = {".git", "runs", "__pycache__", ".pytest_cache", ".benchmarks"}
+
+
+class AssignmentError(Exception):
+    """A problem the instructor must fix (bad option, missing or malformed markers)."""
+
+
+# ----------------------------------------------------------------------------------------
+# Which files make up the repo
+
+def repo_files(root):
+    """Relative paths of the repo's files: git's tracked and not-ignored new files, or a walk."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=root, capture_output=True, text=True, check=True).stdout
+        names = [n for n in out.split("\0") if n]
+    except (OSError, subprocess.CalledProcessError):           # no git, or not a git repo
+        names = [str(p.relative_to(root)) for p in root.rglob("*")]
+    keep = lambda n: not NOT_COPIED & set(Path(n).parts) and not n.endswith(".pyc") and (root / n).is_file()
+    return sorted({Path(n).as_posix() for n in names if keep(n)})
+
+
+# ----------------------------------------------------------------------------------------
+# Solution regions
+
+def regions(lines, path):
+    """The marked regions of a file: [(part, begin line index, end line index, indent)]."""
+    found, open_ = [], None
+    for i, line in enumerate(lines):
+        if m := BEGIN.match(line):
+            if open_:
+                raise AssignmentError(f"{path}:{i + 1}: BEGIN SOLUTION inside the region opened at line {open_[1] + 1}")
+            if m["part"] not in {p.name for p in assignment.PARTS}:
+                raise AssignmentError(f"{path}:{i + 1}: unknown part {m['part']!r} (assignment.PARTS)")
+            open_ = (m["part"], i, m["indent"])
+        elif m := END.match(line):
+            if not open_ or m["indent"] != open_[2]:
+                raise AssignmentError(f"{path}:{i + 1}: END SOLUTION without a BEGIN SOLUTION at its indentation")
+            found.append((open_[0], open_[1], i, open_[2]))
+            open_ = None
+    if open_:
+        raise AssignmentError(f"{path}:{open_[1] + 1}: BEGIN SOLUTION {open_[0]} is never closed")
+    return found
+
+
+def functions(tree):
+    """{qualified name: node} of a module's functions and methods ("Class.method")."""
+    out = {}
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    out[name] = child
+                visit(child, name + ".")
+    visit(tree, "")
+    return out
+
+
+def check_part(part, root):
+    """Each of the part's functions holds one of its regions, after the docstring."""
+    text = (root / part.file).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    own = [r for r in regions(lines, part.file) if r[0] == part.name]
+    if not own:
+        raise AssignmentError(
+            f"part {part.name!r} has no solution region in {part.file}: mark it inside "
+            f"{', '.join(part.functions)} with\n    # BEGIN SOLUTION {part.name}\n    ...\n    # END SOLUTION")
+    defs = functions(ast.parse(text))
+    for name in part.functions:
+        node = defs.get(name)
+        if node is None:
+            raise AssignmentError(f"part {part.name!r}: no function {name} in {part.file}")
+        has_doc = ast.get_docstring(node) is not None
+        after = node.body[0].end_lineno if has_doc else node.lineno        # 0-based: the line after
+        indent = " " * node.body[-1].col_offset
+        if not any(after <= b < node.end_lineno and ind == indent for _, b, _, ind in own):
+            raise AssignmentError(f"part {part.name!r}: {part.file} has no region of it in the body of "
+                                  f"{name}, after the docstring, at the body's indentation")
+
+
+def blank(text, path, chosen):
+    """The source with each chosen part's regions replaced by a raise and every other marker line removed."""
+    lines = text.splitlines(keepends=True)
+    out, i = [], 0
+    for part, begin, end, indent in regions([l.rstrip("\n") for l in lines], path):
+        out += lines[i:begin]
+        if part in chosen:
+            out.append(f'{indent}raise NotImplementedError("{part}: write this part (see HANDOUT.md)")\n')
+        else:
+            out += lines[begin + 1:end]
+        i = end + 1
+    result = "".join(out + lines[i:])
+    ast.parse(result, filename=path)            # a region in the wrong place would break the file
+    return result
+
+
+# ----------------------------------------------------------------------------------------
+# HANDOUT.md
+
+def signature_and_docstring(node, lines):
+    """The source of a function's (or class's) ``def`` line(s) and its docstring, dedented."""
+    doc = node.body[0] if ast.get_docstring(node) is not None else None
+    stop = doc.end_lineno if doc else node.body[0].lineno - 1
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    block = lines[start - 1:stop]
+    while block and (not block[-1].strip() or block[-1].strip().startswith("#")):
+        block.pop()                              # the marker comment of a function without docstring
+    if not doc:
+        block.append(" " * (node.body[0].col_offset) + "...")
+    return textwrap.dedent("\n".join(block))
+
+
+def api(part, root):
+    """The signatures and docstrings of a part's functions (a method under its class's docstring)."""
+    text = (root / part.file).read_text(encoding="utf-8")
+    tree, lines = ast.parse(text), text.splitlines()
+    defs = functions(tree)
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    blocks, shown = [], set()
+    for name in part.functions:
+        cls, _, _ = name.rpartition(".")
+        if cls and cls not in shown:
+            shown.add(cls)
+            blocks.append(signature_and_docstring(classes[cls], lines))
+        block = signature_and_docstring(defs[name], lines)
+        blocks.append(textwrap.indent(block, "    ") if cls else block)
+    return "\n\n".join(blocks)
+
+
+def handout(root, parts):
+    total = sum(p.points for p in parts)
+    out = ["# Assignment: GRPO and three token-regulated variants\n",
+           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo, {total} points in all. Each part is one "
+           "function or a few short ones, in the file named below; until you write them their bodies raise "
+           "`NotImplementedError(\"<part>: ...\")`. Keep every signature. The docstrings are the "
+           "specification (shapes, equations, defaults); README.md explains the methods and their pitfalls.\n",
+           "## Grading\n",
+           "    python grade.py                  # every part: tests passed / total, points / max, total",
+           "    python grade.py --part NAME      # one part",
+           "    python grade.py --json           # the same as one JSON object\n",
+           "Each part's graded tests are in `tests/graded/test_<part>.py`: small literal inputs whose "
+           "expected values are worked out in the test. A part scores its points times the fraction of "
+           "its tests that pass, rounded to 0.1 (all pass: full points; none: 0). The tests of one part "
+           "never call another part's function, so the parts can be written in any order. The other "
+           "tests (`python -m pytest -q`) check the whole repo and are not graded; some fail until "
+           "every part is written. Your copy is graded with the instructor's own `tests/graded` and "
+           "`grade.py`: change your source files, not them.\n",
+           "| part | file | write | points |", "|---|---|---|---|"]
+    out += [f"| `{p.name}` | `{p.file}` | {', '.join(f'`{f}`' for f in p.functions)} | {p.points} |" for p in parts]
+    for n, p in enumerate(parts, 1):
+        out += [f"\n## {n}. `{p.name}` ({p.points} points)\n", p.goal + "\n",
+                f"In `{p.file}`:\n", "```python", api(p, root), "```\n"]
+        for label, value in (("The `info` dict", p.info), ("Errors", p.errors), ("Notes", p.notes)):
+            if value:
+                out.append(f"**{label}:** {value}\n")
+        out.append(f"Graded by `{assignment.graded_tests_of(p)}`: `python grade.py --part {p.name}`")
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------
+# The copies
+
+def empty_destination(path, root):
+    path = Path(path).resolve()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise AssignmentError(f"{path} exists and is not empty: give a new or empty directory (nothing was written)")
+    if path == root or root in path.parents:
+        raise AssignmentError(f"{path} is inside the repo: the next copy would copy it too; write it elsewhere")
+    return path
+
+
+def unlink_left_out(text, name, left_out):
+    """Markdown links to files the student's copy leaves out become plain text, marked as such."""
+    def replace(m):
+        target = m[2].split("#")[0]
+        if not target or re.match(r"[a-z]+:", target):
+            return m[0]
+        path = os.path.normpath(os.path.join(os.path.dirname(name), target)).replace(os.sep, "/")
+        return f"{m[1]} (instructor's copy only)" if path in left_out else m[0]
+    return LINK.sub(replace, text)
+
+
+def assigned_line(chosen):
+    return "ASSIGNED = None" if len(chosen) == len(assignment.PARTS) else f"ASSIGNED = {tuple(chosen)!r}"
+
+
+def write_copy(root, dest, files, transform):
+    for name in files:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        new = transform(name)
+        if new is None:
+            shutil.copy2(root / name, target)
+        else:
+            target.write_text(new, encoding="utf-8")
+            shutil.copymode(root / name, target)
+
+
+def with_assigned(text, chosen):
+    if text.count("\nASSIGNED = None\n") != 1:
+        raise AssignmentError("assignment.py must hold exactly one line 'ASSIGNED = None'")
+    return text.replace("\nASSIGNED = None\n", f"\n{assigned_line(chosen)}\n")
+
+
+def make(out, part_names=None, answer_key=None, root=ROOT):
+    """Write the student's copy into ``out`` (and the answer key); returns the chosen part names."""
+    root = Path(root).resolve()
+    names = part_names or [p.name for p in assignment.PARTS]
+    chosen = [assignment.part(n).name for n in names]           # ValueError for an unknown name
+    chosen = [p.name for p in assignment.PARTS if p.name in chosen]  # registry order, no repeats
+    out = empty_destination(out, root)
+    key = empty_destination(answer_key, root) if answer_key else None
+    if key == out:
+        raise AssignmentError("--out and --answer-key must be different directories")
+    for name in chosen:
+        check_part(assignment.part(name), root)
+    files = repo_files(root)
+    hidden = set(assignment.INSTRUCTOR_ONLY)
+    marked = {p.file for p in assignment.PARTS}          # every part's file loses its marker lines
+
+    def student(name):
+        if name == "assignment.py":
+            return with_assigned((root / name).read_text(encoding="utf-8"), chosen)
+        if name in marked:
+            return blank((root / name).read_text(encoding="utf-8"), name, set(chosen))
+        if name.endswith(".md"):
+            return unlink_left_out((root / name).read_text(encoding="utf-8"), name, hidden)
+        return None
+
+    # Everything is computed before anything is written, so an error leaves no half copy.
+    texts = {n: student(n) for n in files if n not in hidden}
+    guide = handout(root, [assignment.part(n) for n in chosen])
+    out.mkdir(parents=True, exist_ok=True)
+    write_copy(root, out, [n for n in files if n not in hidden], texts.get)
+    (out / "HANDOUT.md").write_text(guide, encoding="utf-8")
+    if key:
+        key.mkdir(parents=True, exist_ok=True)
+        assigned = with_assigned((root / "assignment.py").read_text(encoding="utf-8"), chosen)
+        write_copy(root, key, files, lambda n: assigned if n == "assignment.py" else None)
+        (key / "HANDOUT.md").write_text(guide, encoding="utf-8")
+    return chosen
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="the student's copy: a new or empty directory")
+    parser.add_argument("--parts", nargs="+", metavar="NAME",
+                        help=f"the parts to blank (default: all): {', '.join(p.name for p in assignment.PARTS)}")
+    parser.add_argument("--answer-key", metavar="DIR", help="also write the instructor's copy here")
+    args = parser.parse_args(argv)
+    try:
+        chosen = make(args.out, args.parts, args.answer_key)
+    except (AssignmentError, ValueError) as e:
+        parser.exit(2, f"make_assignment.py: error: {e}\n")
+    points = sum(assignment.part(n).points for n in chosen)
+    print(f"student copy: {args.out}  ({len(chosen)} parts, {points} points; see its HANDOUT.md)")
+    if args.answer_key:
+        print(f"answer key:   {args.answer_key}  (solutions and hidden tests: keep it private)")
+
+
+if __name__ == "__main__":
+    main()
