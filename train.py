@@ -185,10 +185,12 @@ def completion_mask(completions, eos):
     Built from positions, never from token ids: generation pads finished rows with
     pad_token_id, which on Qwen equals an EOS id, so a mask built as `tokens != pad` would
     drop the real EOS (the model never learns to stop) or keep the padding."""
+    # BEGIN SOLUTION completion_mask
     is_eos = torch.isin(completions, torch.tensor(eos, device=completions.device))
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), completions.shape[1] - 1)
     positions = torch.arange(completions.shape[1], device=completions.device)
     return (positions[None] <= first[:, None]).float(), ~is_eos.any(1)
+    # END SOLUTION
 
 
 def decode(tok, completions, mask):
