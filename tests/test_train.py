@@ -230,16 +230,7 @@ def test_model_that_cannot_be_loaded_offline_points_to_tiny(tmp_path):
 # ----------------------------------------------------------------------------------------
 # The traps
 
-def test_mask_uses_positions_when_pad_equals_eos():
-    eos = [0, 7]                        # pad id is 0, which is also an EOS id (as on Qwen)
-    completions = torch.tensor([[5, 6, 0, 0, 0],     # EOS at 2, then padding (= EOS ids)
-                                [7, 0, 0, 0, 0],     # the second EOS id, immediately
-                                [5, 6, 5, 6, 5],     # never stopped: truncated
-                                [0, 0, 0, 0, 0]])    # empty answer: the EOS itself is a token
-    mask, truncated = train.completion_mask(completions, eos)
-    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
-    assert truncated.tolist() == [False, False, True, False]
-    assert (completions != 0).float().tolist() != mask.tolist()   # what a token-id mask would give
+# The completion mask from positions (pad == eos) is graded in tests/graded/test_completion_mask.py.
 
 
 def test_tiny_tokenizer_pad_is_eos():

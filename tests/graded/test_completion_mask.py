@@ -17,6 +17,7 @@ def test_mask_from_positions_when_pad_equals_eos():
     assert mask.dtype.is_floating_point and truncated.dtype == torch.bool
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
     assert truncated.tolist() == [False, False, True, False]
+    assert (completions != 0).float().tolist() != mask.tolist()   # what a token-id mask would give
 
 
 def test_only_the_first_eos_counts():
