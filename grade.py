@@ -94,13 +94,12 @@ def run(parts, report_to):
     return recorder
 
 
-def table(parts, broken):
+def table(parts, broken, got, top):
     rows = [("part", "tests", "points")]
     for name, r in parts.items():
         note = "   could not import its tests (see above)" if name in broken else ""
         rows.append((name, f"{r['passed']}/{r['total']}", f"{r['points']}/{r['max']}{note}"))
-    total = (sum(r["points"] for r in parts.values()), sum(r["max"] for r in parts.values()))
-    rows.append(("total", "", f"{_number(round(total[0], 1))}/{total[1]}"))
+    rows.append(("total", "", f"{got}/{top}"))
     width = max(len(r[0]) for r in rows) + 3
     return "\n".join(f"{a:<{width}}{b:<9}{c}" for a, b, c in rows)
 
@@ -122,11 +121,12 @@ def main(argv=None):
     if recorder.problems:
         parser.exit(2, "grade.py: cannot grade:\n  " + "\n  ".join(recorder.problems) + "\n")
     parts = score(recorder)
-    got, top = sum(r["points"] for r in parts.values()), sum(r["max"] for r in parts.values())
+    got = _number(round(sum(r["points"] for r in parts.values()), 1))
+    top = sum(r["max"] for r in parts.values())
     if args.json:
-        print(json.dumps({"parts": parts, "points": _number(round(got, 1)), "max": top}))
+        print(json.dumps({"parts": parts, "points": got, "max": top}))
     else:
-        print("\n" + table(parts, recorder.broken))
+        print("\n" + table(parts, recorder.broken, got, top))
     return 0 if got == top else 1
 
 
