@@ -3,7 +3,7 @@
     python compare.py                      # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
     python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): the README's table
     python compare.py --steps 60           # quicker
-    python compare.py --preset smol --jobs 1   # the real model (SmolLM2-135M-Instruct), one run at a time
+    python compare.py --preset smol --seeds 0 1 2   # the real model (SmolLM2-135M-Instruct), one run at a time
 
 Runs ``train.py --preset <tiny|smol>`` for every loss and seed (in parallel, splitting the CPU
 threads between jobs), then ``plots.py --table`` on all of them. Outputs go to
@@ -30,13 +30,15 @@ def main(argv=None):
     parser.add_argument("--preset", default="tiny", choices=["tiny", "smol"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
-    parser.add_argument("--jobs", type=int, default=2, help="runs at the same time")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs at the same time; default 2 for tiny, 1 for smol (a smol run wants both cores and 6 GiB)")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's --steps")
     parser.add_argument("--out", default=None, help="default runs/compare (tiny) or runs/compare-smol")
     parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
     args = parser.parse_args(argv)
     out = Path(args.out or ("runs/compare" if args.preset == "tiny" else f"runs/compare-{args.preset}"))
     out.mkdir(parents=True, exist_ok=True)
+    args.jobs = args.jobs or (2 if args.preset == "tiny" else 1)
     threads = max(1, (os.cpu_count() or 2) // args.jobs)
     common = ["--preset", args.preset, "--threads", str(threads)] + (["--steps", str(args.steps)] if args.steps else [])
     common += args.extra

@@ -321,14 +321,15 @@ def step_metrics(first_update, batch, r, correct, entropy, cfg, scheduler, times
 
 @torch.no_grad()
 def evaluate(model, tok, problems, cfg):
-    """Greedy accuracy on held-out problems (the correctness reward alone, no format bonus)."""
-    correct = 0
+    """Greedy held-out accuracy (correctness alone, no format bonus), and strict: right *and* ending on `#### N`."""
+    correct = strict = 0
     for i in tqdm(range(0, len(problems), cfg.eval_batch), desc="eval", leave=False, disable=len(problems) <= cfg.eval_batch):
         chunk = problems[i:i + cfg.eval_batch]
         batch = rollout(model, tok, [p["question"] for p in chunk], cfg, greedy=True)
-        texts = decode(tok, batch.completions, batch.mask)
-        correct += sum(rewards.correctness_reward(t, rewards.gold_answer(p["answer"])) for t, p in zip(texts, chunk))
-    return correct / max(len(problems), 1)
+        for text, p in zip(decode(tok, batch.completions, batch.mask), chunk):
+            right = rewards.correctness_reward(text, rewards.gold_answer(p["answer"]))
+            correct, strict = correct + right, strict + right * rewards.format_reward(text)
+    return correct / max(len(problems), 1), strict / max(len(problems), 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -357,9 +358,9 @@ def main(argv=None):
     metrics, samples = checkpoints.Log(run / "metrics.jsonl"), checkpoints.Log(run / "samples.jsonl")
 
     def held_out_accuracy(step):
-        acc = evaluate(policy, tok, held_out, cfg)
-        metrics.write(step=step, eval_accuracy=acc, eval_n=len(held_out))
-        tqdm.write(f"step {step}: held-out greedy accuracy {acc:.3f} on {len(held_out)} problems")
+        acc, strict = evaluate(policy, tok, held_out, cfg)
+        metrics.write(step=step, eval_accuracy=acc, eval_strict=strict, eval_n=len(held_out))
+        tqdm.write(f"step {step}: held-out greedy accuracy {acc:.3f} (strict {strict:.3f}) on {len(held_out)} problems")
 
     with checkpoints.ctrl_c_stops_after_the_step() as stop:
         if start == 0:
