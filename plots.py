@@ -8,7 +8,6 @@ one), token_weights.png (which tokens each loss trusts, on one stored group) and
 """
 import argparse
 import json
-import math
 import sys
 import textwrap
 from collections import defaultdict
@@ -216,20 +215,33 @@ def token_figure(sample, path, max_chars=48):
 # ----------------------------------------------------------------------------------------
 # Table
 
-def summary_table(runs):
-    rows = ["| loss | seeds | held-out acc. start → end | entropy start → end | grad norm mean / max |",
-            "|---|---|---|---|---|"]
-    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+def spread(values, digits=3):
+    """'mean (min–max)' over seeds; the mean alone for one seed."""
+    if not values:
+        return "–"
+    mean = f"{sum(values) / len(values):.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def summary_table(runs, last=5):
+    """A row per loss: mean and min–max over its seeds. 'At the end' means the mean over the last
+    `last` steps; the gradient norm is before clipping; clip_frac is the mean over all steps."""
+    rows = ["| loss | seeds | held-out acc. | strict acc. | entropy at the end | grad norm, mean | grad norm, max "
+            "| truncated at the end | clip_frac |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    mean = lambda xs: sum(xs) / len(xs)
     for loss, group in by_loss(runs):
-        acc0 = [r["eval"][0]["eval_accuracy"] for r in group if r["eval"]]
-        acc1 = [r["eval"][-1]["eval_accuracy"] for r in group if r["eval"]]
-        h0 = [mean([x["entropy"] for x in r["train"][:5]]) for r in group if r["train"]]
-        h1 = [mean([x["entropy"] for x in r["train"][-5:]]) for r in group if r["train"]]
-        g = [x["grad_norm"] for r in group for x in r["train"]]
-        fmt = lambda xs: " / ".join(f"{x:.3f}" for x in xs)
-        rows.append(f"| {loss} | {len(group)} | {mean(acc0):.3f} → {mean(acc1):.3f} ({fmt(acc1)}) | "
-                    f"{mean(h0):.3f} → {mean(h1):.3f} | {mean(g):.3f} / {max(g) if g else float('nan'):.3f} |")
-    return "\n".join(rows) + "\n"
+        ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
+        tail = lambda key: [mean([x[key] for x in r["train"][-last:]]) for r in group if r["train"] and key in r["train"][0]]
+        per_run = lambda key, f: [f([x[key] for x in r["train"]]) for r in group if r["train"] and key in r["train"][0]]
+        rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
+                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | {spread(tail('entropy'))} "
+                    f"| {spread(per_run('grad_norm', mean))} | {spread(per_run('grad_norm', max))} "
+                    f"| {spread(tail('truncated_frac'))} | {spread(per_run('clip_frac', mean))} |")
+    starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict")) for r in runs if r["eval"]},
+                    key=str)
+    start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
+    return "\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
 
 
 def pick_group(records):
@@ -251,7 +263,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     trajectory_figures(runs, out, args.smooth)
     written = [f"{k}.png" for k in PANELS] + ["summary.png"]
-    for r in runs:                              # the first run with stored groups
+    first = lambda r: (r["loss"] != "grpo", r["seed"] if isinstance(r["seed"], int) else 1e9, str(r["dir"]))
+    for r in sorted(runs, key=first):           # GRPO's lowest seed with stored groups, else the next
         samples = r["dir"] / "samples.jsonl"
         if samples.exists() and (records := read_jsonl(samples)):
             token_figure(pick_group(records), out / "token_weights.png")

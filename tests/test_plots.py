@@ -16,11 +16,13 @@ def make_run(root, loss, seed, steps=12, partial=False, samples=True):
     run = root / f"{loss}-s{seed}"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"loss": loss, "seed": seed, "preset": "tiny", "group_size": 4}))
-    lines = [json.dumps({"step": 0, "eval_accuracy": 0.2, "eval_n": 500})]
+    lines = [json.dumps({"step": 0, "eval_accuracy": 0.2, "eval_strict": 0.05, "eval_n": 500})]
     for s in range(1, steps + 1):
         lines.append(json.dumps({"step": s, "loss": 0.01 * s, "reward": 0.2 + 0.02 * s, "entropy": 1.0 - 0.01 * s * (seed + 1),
-                                 "grad_norm": 0.5 + (s % 3), "kl": 0.001 * s}))
-    lines.append(json.dumps({"step": steps, "eval_accuracy": 0.3 + 0.1 * seed, "eval_n": 500}))
+                                 "grad_norm": 0.5 + (s % 3), "kl": 0.001 * s, "truncated_frac": 0.1 * seed,
+                                 "clip_frac": 0.01 * (s == 1)}))
+    lines.append(json.dumps({"step": steps, "eval_accuracy": 0.3 + 0.1 * seed, "eval_strict": 0.1 + 0.1 * seed,
+                             "eval_n": 500}))
     text = "\n".join(lines) + "\n"
     if partial:
         text += '{"step": 13, "loss": 0.1, "rew'          # a run still writing its next line
@@ -102,16 +104,31 @@ def test_table_numbers(tmp_path):
     runs = [plots.read_run(make_run(tmp_path, "grpo", s)) for s in (0, 1)]
     table = plots.summary_table(runs)
     row = [l for l in table.splitlines() if l.startswith("| grpo")][0]
-    # accuracy: start 0.2 for both seeds, end 0.3 and 0.4 -> mean 0.35
-    assert "0.200 → 0.350 (0.300 / 0.400)" in row
-    # entropy: seed 0 first five steps 0.99..0.95 (mean 0.97), seed 1 0.98..0.90 (mean 0.94) -> 0.955
-    assert "0.955 →" in row
-    # grad norm: 0.5 + (s % 3) over s = 1..12 -> mean 1.5, max 2.5
-    assert "1.500 / 2.500" in row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == ["grpo", "2",
+                     "0.350 (0.300–0.400)",     # held-out accuracy at the end: 0.3 and 0.4
+                     "0.150 (0.100–0.200)",     # strict: 0.1 and 0.2
+                     "0.850 (0.800–0.900)",     # entropy over steps 8..12: 1 - 0.01 * 10 * (seed + 1)
+                     "1.500 (1.500–1.500)",     # grad norm 0.5 + (s % 3) over s = 1..12: mean 1.5 ...
+                     "2.500 (2.500–2.500)",     # ... and max 2.5
+                     "0.050 (0.000–0.100)",     # truncated: 0.1 * seed
+                     "0.001 (0.001–0.001)"]     # clip_frac 0.01 at step 1 of 12
+    assert "Held-out accuracy at step 0: 0.200 (strict 0.050)." in table
     assert math.isclose(plots.ema([1, 0], 0.5)[-1], 0.5)
+
+
+def test_table_of_one_seed_and_of_old_logs(tmp_path):
+    run = make_run(tmp_path, "tepo", 3)
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    for l in lines:                                        # a log written before eval_strict existed
+        l.pop("eval_strict", None)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    row = plots.summary_table([plots.read_run(run)]).splitlines()[2]
+    assert row.startswith("| tepo | 1 | 0.600 | – | ")       # one seed: the value alone; no strict: a dash
 
 
 def test_token_figure_uses_the_last_group_with_mixed_rewards():
     same, mixed = {"step": 1, "rewards": [1.0, 1.0]}, {"step": 2, "rewards": [0.0, 1.1]}
     assert plots.pick_group([mixed, dict(same, step=3)])["step"] == 2
     assert plots.pick_group([same, dict(same, step=3)])["step"] == 3      # none mixed: the last
+

@@ -409,3 +409,15 @@ def test_full_size_qwen_step_on_cpu_in_bf16():
     assert int(fields["params"]) == 494_032_768
     assert float(fields["entropy"]) > 5                 # random weights: near-uniform over 152k words
     assert float(fields["peak_rss_gib"]) < 10
+
+
+def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
+    import benchmarks.tepo_clip as bench
+    assert bench.main(FAST + ["--init", warm, "--steps", "2", "--out", str(tmp_path / "run")]) == 0
+    assert train.LOSSES["tepo"] is bench.losses.tepo_loss and train.grpo_step.__name__ == "grpo_step"   # restored
+    first, second = json.loads((tmp_path / "run" / "tepo_clip.json").read_text())["updates"]
+    assert first["sequences"] == second["sequences"] == 2 * 4 * 4           # steps x prompts x group
+    assert first["max_abs_log_s"] == 0.0 and set(first["clipped"].values()) == {0.0}   # on policy: s is exactly 1
+    assert second["max_abs_log_s"] > 0.0                                    # after one update it moved
+    shares = list(second["clipped"].values())                               # ranges from wide to narrow
+    assert shares == sorted(shares) and shares[-1] > 0.0
