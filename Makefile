@@ -4,6 +4,7 @@
 #   make test        the test suite, offline on the CPU (what CI runs)
 #
 #   make demo-tiny   the same loop on a 0.5M-parameter model: a few minutes
+#   make figures     the README's figures and table, redrawn from the runs' logs in logs/ (no training)
 #
 # On a GPU machine, install the torch build for your CUDA first (https://pytorch.org/get-started/locally/):
 # the setup below installs torch only where none is installed.
@@ -11,7 +12,7 @@
 PYTHON ?= python
 PIP = $(PYTHON) -m pip install --quiet
 
-.PHONY: demo demo-tiny test setup setup-test
+.PHONY: demo demo-tiny figures test setup setup-test
 
 setup:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0   # the CPU build here
@@ -27,6 +28,9 @@ demo: setup
 
 demo-tiny: setup
 	$(PYTHON) train.py --preset tiny
+
+figures:
+	$(PYTHON) plots.py logs/compare-smol/*-s* --out docs/figures --table
 
 test: setup-test
 	$(PYTHON) -m pytest -q

@@ -4,7 +4,8 @@
 
 writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png, summary.png (the four in
 one), token_weights.png (which tokens each loss trusts, on one stored group) and, with
---table, results.md: a table per loss over seeds.
+--table, results.md: a table per loss over seeds, and every run's final held-out accuracy.
+The README's figures and table come from the shipped logs: `make figures`.
 """
 import argparse
 import json
@@ -244,6 +245,21 @@ def summary_table(runs, last=5):
     return "\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
 
 
+def per_seed_table(runs):
+    """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column per seed."""
+    seeds = sorted({r["seed"] for r in runs}, key=str)
+    rows = ["| loss | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for loss, group in by_loss(runs):
+        cell = {}
+        for r in group:
+            if len(r["eval"]) > 1:
+                end = r["eval"][-1]
+                strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
+                cell[r["seed"]] = f"{end['eval_accuracy']:.3f}{strict}"
+        rows.append(f"| {loss} | " + " | ".join(cell.get(s, "–") for s in seeds) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def pick_group(records):
     """The last stored group whose rewards differ (all-equal rewards mean zero advantages,
     so every loss would give every token a zero push: nothing to see); else the last one."""
@@ -271,7 +287,7 @@ def main(argv=None):
             written.append("token_weights.png")
             break
     if args.table:
-        table = summary_table(runs)
+        table = summary_table(runs) + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n" + per_seed_table(runs)
         (out / "results.md").write_text(table)
         print(table)
     print(f"wrote {', '.join(written)} to {out}")

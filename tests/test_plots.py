@@ -117,6 +117,15 @@ def test_table_numbers(tmp_path):
     assert math.isclose(plots.ema([1, 0], 0.5)[-1], 0.5)
 
 
+def test_per_seed_table(tmp_path):
+    runs = [plots.read_run(make_run(tmp_path, loss, s)) for loss in ("grpo", "tepo") for s in (0, 1)]
+    runs = runs[:3]                                        # tepo seed 1 has not run
+    assert plots.per_seed_table(runs).splitlines() == [
+        "| loss | seed 0 | seed 1 |", "|---|---|---|",
+        "| grpo | 0.300 (0.100) | 0.400 (0.200) |",
+        "| tepo | 0.300 (0.100) | – |"]
+
+
 def test_table_of_one_seed_and_of_old_logs(tmp_path):
     run = make_run(tmp_path, "tepo", 3)
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
