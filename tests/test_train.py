@@ -56,6 +56,7 @@ def test_tiny_run_end_to_end(tmp_path, warm):
     evals = [l for l in lines if "eval_accuracy" in l]
     assert [l["step"] for l in train_lines] == [1, 2, 3, 4]
     assert [l["step"] for l in evals] == [0, 4] and all(l["eval_n"] == 40 for l in evals)
+    assert all(0 <= l["eval_strict"] <= l["eval_accuracy"] for l in evals)
     required = {"step", "loss", "reward", "reward_std", "frac_zero_std", "entropy", "grad_norm", "kl", "clip_frac",
                 "weight_mean", "completion_len", "truncated_frac", "step_time", "gen_time", "peak_mem_gb"}
     assert all(required <= set(l) for l in train_lines)
@@ -421,3 +422,12 @@ def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
     assert second["max_abs_log_s"] > 0.0                                    # after one update it moved
     shares = list(second["clipped"].values())                               # ranges from wide to narrow
     assert shares == sorted(shares) and shares[-1] > 0.0
+
+
+def test_evaluate_counts_right_answers_and_strictly_right_ones(monkeypatch):
+    texts = ["5 + 0 = 5\n#### 5", "The answer is 5.", "#### 4", "2 + 3 = 5"]     # strict, right, wrong, right
+    problems = [{"question": f"q{i}", "answer": "... #### 5"} for i in range(4)]
+    monkeypatch.setattr(train, "rollout", lambda model, tok, questions, cfg, greedy: train.Rollout(*[None] * 5))
+    monkeypatch.setattr(train, "decode", lambda tok, completions, mask: texts)
+    cfg = train.parse_config(["--preset", "tiny", "--eval-batch", "4"])
+    assert train.evaluate(None, None, problems, cfg) == (0.75, 0.25)
