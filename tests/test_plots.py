@@ -1,6 +1,7 @@
 """Tests for plots.py on small hand-made logs (no training)."""
 import json
 import math
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -141,3 +142,19 @@ def test_token_figure_uses_the_last_group_with_mixed_rewards():
     assert plots.pick_group([mixed, dict(same, step=3)])["step"] == 2
     assert plots.pick_group([same, dict(same, step=3)])["step"] == 3      # none mixed: the last
 
+
+
+def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path):
+    """`make figures` redraws the README's figures and table from logs/ alone; every row of the
+    table it writes is in the README, so the README cannot drift from the logs it cites."""
+    repo = Path(__file__).resolve().parents[1]
+    runs = sorted((repo / "logs" / "compare-smol").glob("*-s*"))
+    assert {r.name for r in runs} == {f"{loss}-s{seed}" for loss in LOSSES for seed in (0, 1, 2)}
+    for run in runs:
+        assert {"config.json", "metrics.jsonl", "samples.jsonl"} <= {p.name for p in run.iterdir()}
+    assert plots.main([str(r) for r in runs] + ["--out", str(tmp_path), "--table"]) == 0
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| ")]
+    assert len(rows) == 2 * (1 + len(LOSSES)) and all(row in readme for row in rows), "README table != make figures"
+    for name in ["summary.png", "token_weights.png"]:
+        assert_png(repo / "docs" / "figures" / name)
