@@ -1,7 +1,7 @@
 """compare.py — the four losses from the same warm start, then the figures and the table.
 
     python compare.py                      # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
-    python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): the README's table
+    python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): docs/results.md, tiny model
     python compare.py --steps 60           # quicker
     python compare.py --preset smol --seeds 0 1 2   # the real model (SmolLM2-135M-Instruct), one run at a time
 
