@@ -95,7 +95,7 @@ def draw_metric(ax, runs, key, smooth):
             if key == "eval_accuracy":
                 ax.plot(steps, values, color=color, alpha=0.35, marker="o", markersize=3, linewidth=1)
             else:
-                ax.plot(steps, values, color=color, alpha=0.15, linewidth=0.8)
+                ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)     # every seed, raw
                 values = ema(values, smooth)
             series.append((steps, values))
         if not series:
@@ -122,7 +122,7 @@ def trajectory_figures(runs, out, smooth):
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), dpi=110)
     for ax, key in zip(axes.flat, ["entropy", "grad_norm", "reward", "eval_accuracy"]):
         draw_metric(ax, runs, key, smooth)
-    fig.suptitle("Four token-level losses from the same start (faint: raw; bold: smoothed mean over seeds)",
+    fig.suptitle("Four token-level losses from the same start (thin: each seed, raw; bold: smoothed mean over seeds)",
                  fontsize=11)
     fig.tight_layout()
     fig.savefig(out / "summary.png")
