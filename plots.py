@@ -233,12 +233,12 @@ def summary_table(runs, last=5):
     mean = lambda xs: sum(xs) / len(xs)
     for loss, group in by_loss(runs):
         ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
-        tail = lambda key: [mean([x[key] for x in r["train"][-last:]]) for r in group if r["train"] and key in r["train"][0]]
         per_run = lambda key, f: [f([x[key] for x in r["train"]]) for r in group if r["train"] and key in r["train"][0]]
+        at_end = lambda values: mean(values[-last:])
         rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
-                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | {spread(tail('entropy'))} "
+                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | {spread(per_run('entropy', at_end))} "
                     f"| {spread(per_run('grad_norm', mean))} | {spread(per_run('grad_norm', max))} "
-                    f"| {spread(tail('truncated_frac'))} | {spread(per_run('clip_frac', mean))} |")
+                    f"| {spread(per_run('truncated_frac', at_end))} | {spread(per_run('clip_frac', mean))} |")
     starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict")) for r in runs if r["eval"]},
                     key=str)
     start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
