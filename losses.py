@@ -202,7 +202,7 @@ def cw_grpo_weights(logp, advantages, mask, group_size=None, *, scope="group", n
     Groups are ``group_size`` consecutive rows (None: all rows are one group). Z is ours by
     default, the group's valid tokens (``normalise="valid"``: mean weight 1 over real tokens);
     ``"padded"`` is theirs, rows x the group's longest completion (what their padding gives).
-    ``scope="batch"`` is our earlier reading (Cui et al.'s covariance code): l and A centred
+    ``scope="batch"`` is our other reading (Cui et al.'s covariance code): l and A centred
     over every valid token of the call, A_i counted once per token, sigma over them all.
     Differentiable in ``logp``: pass ``logp.detach()`` for fixed weights. Padding may hold any
     finite values and weighs 0; with no spread (c = 0, e.g. equal advantages) every exp() is

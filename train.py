@@ -85,7 +85,7 @@ class Config:
     share_prompts: bool = True     # run each prompt once per group when sampling and scoring (exact)
     plain: bool = False            # no speed devices: generate() to sample, score() on full-width rows
     # CW-GRPO's weights (losses.cw_grpo_weights, docs/METHODS.md): per group, as its authors compute them.
-    cw_scope: str = "group"        # "batch": our earlier reading, statistics of the whole batch
+    cw_scope: str = "group"        # "batch": our other reading, statistics of the whole batch
     cw_normalise: str = "valid"    # mean 1 over real tokens; "padded": rows x longest completion (theirs)
     cw_detach: bool = True         # --no-cw-detach: the gradient flows through the weights too (theirs)
 
