@@ -60,13 +60,19 @@ PARTS = (
          "tokens weigh more. The weight carries no gradient.",
          notes="`tr_grpo_loss` (given) multiplies the clipped surrogate by it."),
     Part("cw_grpo_weights", "losses.py", ("cw_grpo_weights",), 15,
-         "CW-GRPO's Gaussian-kernel weights on the covariance of log-prob and advantage, "
-         "with batch-wide (or per-group) centring and bandwidth, normalised to mean 1 over "
-         "valid tokens. No gradient.",
-         errors="`ValueError` mentioning `scope` for a scope other than `batch`/`group`; "
-                "`ValueError` mentioning `group_size` when `scope=\"group\"` has no `group_size` "
-                "or one that does not divide the batch.",
-         notes="`cw_grpo_loss` (given) multiplies the clipped surrogate by these weights."),
+         "CW-GRPO's Gaussian-kernel weights on the covariance of log-prob and advantage, as its "
+         "authors compute them: per group of `group_size` rows, log-probs centred on their own "
+         "sequence, advantages on the group's plain mean, the bandwidth the group's std + 1e-8; "
+         "normalised to mean 1 over valid tokens (`normalise=\"padded\"`: to rows x the group's "
+         "longest completion). `scope=\"batch\"` is our other, batch-wide reading.",
+         errors="`ValueError` mentioning `scope` for a scope other than `group`/`batch`; "
+                "`ValueError` mentioning `normalise` for other than `valid`/`padded`; "
+                "`ValueError` mentioning `group_size` when it does not divide the rows.",
+         notes="`cw_grpo_loss` (given) multiplies the clipped surrogate by these weights, computed "
+               "from `logp.detach()` (or, with `detach=False`, from `logp` itself). The weights must "
+               "be differentiable in `logp`: a graded test runs `gradcheck` on them, so use torch "
+               "operations, no `.detach()` and no in-place changes to tensors autograd needs. "
+               "Weights at padding are 0."),
     Part("tepo", "losses.py", ("tepo_sequence_ratio", "tepo_kl_mask"), 15,
          "The two pieces TEPO adds to GRPO: the sequence-level likelihood ratio in token form "
          "(value of the sequence, gradient per token) and the KL mask on the tokens whose "

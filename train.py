@@ -84,6 +84,10 @@ class Config:
     warmup_only: bool = False      # build the warm start and stop
     share_prompts: bool = True     # run each prompt once per group when sampling and scoring (exact)
     plain: bool = False            # no speed devices: generate() to sample, score() on full-width rows
+    # CW-GRPO's weights (losses.cw_grpo_weights, docs/METHODS.md): per group, as its authors compute them.
+    cw_scope: str = "group"        # "batch": our other reading, statistics of the whole batch
+    cw_normalise: str = "valid"    # mean 1 over real tokens; "padded": rows x longest completion (theirs)
+    cw_detach: bool = True         # --no-cw-detach: the gradient flows through the weights too (theirs)
 
 
 PRESETS = {
@@ -120,7 +124,8 @@ def parse_config(argv=None):
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__)
             choices = {"preset": list(PRESETS), "loss": list(LOSSES), "dtype": ["float32", "bfloat16"],
-                       "device": ["auto", "cpu", "cuda"],
+                       "device": ["auto", "cpu", "cuda"], "cw_scope": ["group", "batch"],
+                       "cw_normalise": ["valid", "padded"],
                        "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]}.get(f.name)
             parser.add_argument(flag, type=kind, default=None, choices=choices)
     args = vars(parser.parse_args(argv))
@@ -134,6 +139,11 @@ def parse_config(argv=None):
     if cfg.micro_batch < 1 or batch % cfg.micro_batch:
         problems.append(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {batch} rows) "
                         f"must be divisible by --micro-batch {cfg.micro_batch}")
+    whole = batch if cfg.cw_scope == "batch" else cfg.group_size       # the rows CW-GRPO's statistics need
+    if cfg.loss == "cw_grpo" and not cfg.cw_detach and cfg.micro_batch % whole:
+        problems.append(f"--no-cw-detach computes CW-GRPO's weights in each micro-batch from its live "
+                        f"log-probs, so --micro-batch {cfg.micro_batch} must be a multiple of {whole} (whole "
+                        f"{'batches, --cw-scope batch' if cfg.cw_scope == 'batch' else 'groups'})")
     if cfg.temperature <= 0:
         problems.append("--temperature must be > 0 (sampling; evaluation is greedy anyway)")
     if cfg.steps < 0 or cfg.updates_per_batch < 1 or cfg.max_new_tokens < 1:
@@ -222,13 +232,15 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     # 4. Old and reference log-probs. old_logp, the sampling policy's log-probs of the sampled tokens,
     #    is the PPO ratio's denominator. On policy the weights have not moved since sampling, so the
     #    first update's own forward pass gives it (detached, in step 5): no extra pass. CW-GRPO is the
-    #    exception: its weights are statistics of the whole batch, needed before the first
-    #    micro-batch, so it scores the batch once here, without gradients.
+    #    exception: its weights are statistics of whole groups, held fixed during the step and needed
+    #    before the first micro-batch, so it scores the batch once here, without gradients
+    #    (with --no-cw-detach the loss computes them from each micro-batch's live log-probs instead).
     t = time.perf_counter()
     old_logp = entropy = cw_weights = ref_logp = None
-    if cfg.loss == "cw_grpo":
+    if cfg.loss == "cw_grpo" and cfg.cw_detach:
         old_logp, entropy = score_no_grad(policy, batch, cfg)                                   # [B, C]
-        cw_weights = cw_grpo_weights(old_logp, adv, batch.mask)
+        cw_weights = cw_grpo_weights(old_logp, adv, batch.mask, G, scope=cfg.cw_scope,
+                                     normalise=cfg.cw_normalise)                                  # [B, C]
     if cfg.beta > 0:                   # with LoRA the reference is the same model, adapters off
         with policy.disable_adapter() if cfg.lora_rank > 0 else contextlib.nullcontext():
             ref_logp = score_no_grad(ref if ref is not None else policy, batch, cfg)[0]        # [B, C]
@@ -264,6 +276,9 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     Returns ((loss, grad_norm, infos), (logp, entropy) of the batch before the step, detached)."""
     loss_fn = LOSSES[cfg.loss]
     kwargs = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_tokens=cfg.max_new_tokens, **({"agg": cfg.agg} if cfg.agg else {}))
+    if cfg.loss == "cw_grpo":          # the weights of step 4, or with --no-cw-detach from each micro-batch
+        kwargs.update(group_size=cfg.group_size, scope=cfg.cw_scope, normalise=cfg.cw_normalise,
+                      detach=cfg.cw_detach)
     agg = cfg.agg or inspect.signature(loss_fn).parameters["agg"].default
     score, C = training_scorer(cfg), batch.mask.shape[1]
     policy.train()

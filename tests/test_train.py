@@ -1,6 +1,7 @@
 """Tests for train.py: end-to-end runs of the tiny preset, exact resume, bad inputs, and the
 GRPO traps (pad == eos masks, hidden sampling defaults, scoring vs sampling, micro-batching)."""
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import data
+import losses
 import models
 import sampling
 import scoring
@@ -191,6 +193,9 @@ def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypa
     (["--preset", "huge"], "invalid choice"),
     (["--group-size", "1"], "group-size must be >= 2"),
     (["--micro-batch", "5"], "divisible"),
+    (["--cw-normalise", "tokens"], "invalid choice"),
+    (["--loss", "cw_grpo", "--no-cw-detach", "--micro-batch", "2"], "multiple of 4 (whole groups)"),
+    (["--loss", "cw_grpo", "--no-cw-detach", "--cw-scope", "batch", "--micro-batch", "8"], "multiple of 16"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -300,9 +305,15 @@ def test_ratio_is_one_before_the_first_update_and_warns_otherwise(tiny, capsys):
     assert "ratio is not 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
+CW_OPTIONS = {"cw_grpo, theirs": dict(cw_normalise="padded", cw_detach=False),     # weights in each micro-batch
+              "cw_grpo, batch scope": dict(cw_scope="batch")}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES) + list(CW_OPTIONS))
 def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss, monkeypatch):
     cfg, model, tok = tiny
+    if loss in CW_OPTIONS:             # micro-batch 4 = one group of 4: the weights of --no-cw-detach are exact
+        cfg, loss = dataclasses.replace(cfg, **CW_OPTIONS[loss]), "cw_grpo"
     problems = train.load_problems(cfg)[0][:4]
     monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
     ref = copy.deepcopy(model).requires_grad_(False)
@@ -320,6 +331,35 @@ def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+def test_cw_grpo_weights_are_per_group_of_the_step(tiny, monkeypatch):
+    """The weights the loss applies are cw_grpo_weights of each group of G rows, from the sampling
+    policy's log-probs; with --no-cw-detach, the loss computes the same from the live log-probs."""
+    cfg, model, tok = tiny
+    problems = train.load_problems(cfg)[0][:4]
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    calls, real = [], LOSSES["cw_grpo"]
+
+    @functools.wraps(real)
+    def spy(logp, old_logp, ref_logp, adv, mask, entropy=None, **kw):
+        loss, info = real(logp, old_logp, ref_logp, adv, mask, entropy, **kw)
+        calls.append(dict(old=old_logp.detach(), adv=adv, mask=mask, weights=info["weights"], kw=kw))
+        return loss, info
+    monkeypatch.setitem(train.LOSSES, "cw_grpo", spy)
+    for detach in (True, False):
+        calls.clear()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        torch.manual_seed(5)
+        run_cfg = dataclasses.replace(cfg, loss="cw_grpo", cw_detach=detach, micro_batch=16)
+        train.grpo_step(model, None, tok, opt, sched, problems, run_cfg, torch.device("cpu"))
+        (call,) = calls
+        assert ("weights" in call["kw"]) == detach and call["kw"]["group_size"] == 4
+        want = losses.cw_grpo_weights(call["old"], call["adv"], call["mask"], 4)
+        assert torch.allclose(call["weights"], want, atol=1e-6)
+        one_group = losses.cw_grpo_weights(call["old"], call["adv"], call["mask"])
+        assert not torch.allclose(call["weights"], one_group, atol=1e-3)      # G matters: the check can fail
 
 
 def test_lora_reference_is_the_base_with_adapters_disabled(warm, monkeypatch):
