@@ -74,15 +74,17 @@ PARTS = (
          notes="`tepo_loss` (given) assembles them with `clipped_surrogate`, `_kl_term` and "
                "`aggregate`, exactly as `grpo_loss` does."),
     Part("token_logprobs", "losses.py",
-         ("token_logprobs", "_TokenLogprobs.forward", "_TokenLogprobs.backward"), 10,
+         ("token_logprobs", "token_logprobs_plain", "_TokenLogprobs.forward", "_TokenLogprobs.backward"),
+         10,
          "Log-probability of each sampled token and the entropy of the whole next-token "
          "distribution, from logits divided by the sampling temperature.",
          notes="Only `token_logprobs` is graded: values, temperature, dtypes (bf16 logits give "
                "float32 results), an entropy without gradient, and the gradient of the "
-               "log-probs. A plain autograd version (a float32 `log_softmax`) is a complete "
-               "answer. Optional: the solution's speed device, the autograd Function "
-               "`_TokenLogprobs` with the gradient written out and rows in chunks, whose "
-               "`forward` and `backward` are blanked too."),
+               "log-probs. `token_logprobs_plain` (what `--plain` scores with) is blanked too: "
+               "write it with a float32 `log_softmax` and `gather`, and a `token_logprobs` that "
+               "calls it is a complete answer. Optional: the solution's speed device, the "
+               "autograd Function `_TokenLogprobs` with the gradient written out and rows in "
+               "chunks, whose `forward` and `backward` are blanked too."),
     Part("extract_answer", "rewards.py", ("extract_answer", "_last_boxed"), 10,
          "The GSM8K grader's answer extraction: find the model's final number in free text "
          "(`#### N`, `\\boxed{}`, `<answer>`, \"the answer is\", the last number) and "

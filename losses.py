@@ -380,12 +380,31 @@ def token_logprobs(logits, tokens, temperature=1.0):
     computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
     [B, T, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
     under autograd the softmax kept for the backward pass is one float32 copy of the logits.
-    The gradient is _TokenLogprobs'.
+    The gradient is _TokenLogprobs'; token_logprobs_plain is the same without that device.
     """
     # BEGIN SOLUTION token_logprobs
     flat = logits.reshape(-1, logits.shape[-1])
     logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
     return logp.view(tokens.shape), entropy.view(tokens.shape)
+    # END SOLUTION
+
+
+def token_logprobs_plain(logits, tokens, temperature=1.0):
+    """token_logprobs with no speed device: autograd's own log_softmax, gather and entropy.
+
+        log p_t = log_softmax(logits_t / T)[tokens_t],   H_t = -sum_v p_t,v log p_t,v
+
+    The same numbers, dtypes and gradient as ``token_logprobs`` (tests/test_losses.py checks
+    it), computed the obvious way: ``train.py --plain`` scores with it. It holds the whole
+    float32 log-softmax of the logits, which autograd keeps for the backward pass.
+    """
+    # BEGIN SOLUTION token_logprobs
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    log_probs = torch.log_softmax(x, dim=-1)                              # [..., V]
+    logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    with torch.no_grad():                                                 # the entropy has no gradient
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logp, entropy
     # END SOLUTION
 
 

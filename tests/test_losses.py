@@ -8,7 +8,7 @@ import torch
 import losses
 from losses import (AGGREGATIONS, LOSSES, cw_grpo_loss, cw_grpo_weights, grpo_loss,
                     group_advantages, microbatch_scale, tepo_loss, token_logprobs,
-                    tr_grpo_loss, tr_grpo_weights)
+                    token_logprobs_plain, tr_grpo_loss, tr_grpo_weights)
 
 
 
@@ -551,6 +551,31 @@ def test_the_written_out_gradient_passes_gradcheck():
     bf16 = logits.detach().to(torch.bfloat16).requires_grad_()
     losses._TokenLogprobs.apply(bf16, tokens, 1.0)[0].sum().backward()
     assert bf16.grad.dtype == torch.bfloat16                     # the gradient comes back in the logits' dtype
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_token_logprobs_equals_the_plain_autograd_computation(dtype, tol, monkeypatch):
+    """The default path (the _TokenLogprobs device, in row chunks) and token_logprobs_plain
+    (what --plain scores with: log_softmax, gather, no custom autograd) agree on values,
+    entropies, dtypes and gradients, at a temperature other than 1."""
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 4 * 40)        # several chunks
+    g = torch.Generator().manual_seed(6)
+    logits = (4 * torch.randn(3, 5, 40, generator=g, dtype=dtype)).requires_grad_()
+    tokens = torch.randint(0, 40, (3, 5), generator=g)
+    upstream = torch.randn(3, 5, generator=g, dtype=dtype)        # any weighting of the tokens
+    results = []
+    for fn in (token_logprobs, token_logprobs_plain):
+        logp, entropy = fn(logits, tokens, 0.7)
+        assert logp.dtype == entropy.dtype == dtype and not entropy.requires_grad
+        (grad,) = torch.autograd.grad((logp * upstream).sum(), logits)
+        results.append((logp.detach(), entropy, grad))
+    for fast, plain in zip(*results):
+        assert torch.allclose(fast, plain, rtol=0, atol=tol)
+    assert results[0][2].abs().sum() > 0
+    bf16 = logits.detach().to(torch.bfloat16)                     # bf16 logits: both score in float32
+    fast, plain = token_logprobs(bf16, tokens, 0.7), token_logprobs_plain(bf16, tokens, 0.7)
+    assert fast[0].dtype == plain[0].dtype == torch.float32
+    assert torch.allclose(fast[0], plain[0], atol=1e-5) and torch.allclose(fast[1], plain[1], atol=1e-5)
 
 
 def test_temperature_matters_and_entropy_is_of_the_full_distribution():
