@@ -45,8 +45,9 @@ PARTS = (
          "PPO's clipped surrogate, Schulman's k3 KL estimator, and the GRPO loss built from them: "
          "the ratio from log-probs, the surrogate, minus beta times k3 against the reference, "
          "reduced by `aggregate` and negated (a loss to minimise).",
-         info="`weights` (ones, `[B, T]`), `clip_frac`, `kl` and `ratio_mean` (means over valid "
-              "tokens, detached): `_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
+         info="`weights` (ones, `[B, T]`), `clip_frac`, `clip_low_frac`, `clip_high_frac`, "
+              "`abs_log_ratio`, `kl` and `ratio_mean` (means over valid tokens, detached): "
+              "`_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
          errors="`ValueError` mentioning `ref_logp` when `beta > 0` and `ref_logp is None` "
                 "(`_kl_term` raises it).",
          notes="Given helpers you may use: `_log_ratio` (log ratio zeroed at padding: padded positions "

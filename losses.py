@@ -96,7 +96,10 @@ def clipped_surrogate(ratio, adv, clip_eps):
     """PPO's min(ratio*A, clip(ratio)*A): the per-token policy-gradient objective.
 
     Returns the objective and where the clip is active (the min picked the clipped,
-    gradient-free branch), for the ``clip_frac`` diagnostic.
+    gradient-free branch), for the ``clip_frac`` diagnostic. That happens on one side only
+    for each sign of A: ratio > 1 + eps with A > 0 (the high side: the token was already
+    pushed up enough), ratio < 1 - eps with A < 0 (the low side: pushed down enough). With
+    A = 0, or a ratio inside [1 - eps, 1 + eps] (on policy it is exactly 1), it never acts.
     """
     # BEGIN SOLUTION grpo_loss
     unclipped = ratio * adv
@@ -130,10 +133,19 @@ def _kl_term(logp, ref_logp, mask, beta):
 
 
 def _info(mask, weights, ratio, clipped, kl, **extra):
-    """Detached diagnostics, identical in every loss so the plots can compare them."""
+    """Detached diagnostics, identical in every loss so the plots can compare them.
+
+    Means over valid tokens: ``clip_frac`` (the clip acts, see ``clipped_surrogate``), split
+    into ``clip_low_frac`` (ratio < 1 - eps, A < 0) and ``clip_high_frac`` (ratio > 1 + eps,
+    A > 0); ``abs_log_ratio``, |log ratio|, how far the policy has moved from the one that
+    sampled (0 on policy; for TEPO the sequence ratio's |log s_i|); ``kl`` (k3 against the
+    reference, whatever beta) and ``ratio_mean``.
+    """
     mean = lambda t: (t.detach() * mask).sum() / mask.sum().clamp(min=1)
-    return {"weights": weights.detach(), "clip_frac": mean(clipped), "kl": mean(kl), "ratio_mean": mean(ratio),
-            **{k: v.detach() for k, v in extra.items()}}
+    return {"weights": weights.detach(), "clip_frac": mean(clipped),
+            "clip_low_frac": mean(clipped & (ratio < 1)), "clip_high_frac": mean(clipped & (ratio > 1)),
+            "abs_log_ratio": mean(ratio.detach().log().abs()),
+            "kl": mean(kl), "ratio_mean": mean(ratio), **{k: v.detach() for k, v in extra.items()}}
 
 
 # ----------------------------------------------------------------------------------------
