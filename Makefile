@@ -4,7 +4,7 @@
 #   make test        the test suite, offline on the CPU (what CI runs)
 #
 #   make demo-tiny   the same loop on a 0.5M-parameter model: a few minutes
-#   make figures     the README's figures and table, redrawn from the runs' logs in logs/ (no training)
+#   make figures     the README's figures and tables, redrawn from the runs' logs in logs/ (no training)
 #
 # On a GPU machine, install the torch build for your CUDA first (https://pytorch.org/get-started/locally/):
 # the setup below installs torch only where none is installed.
@@ -29,8 +29,12 @@ demo: setup
 demo-tiny: setup
 	$(PYTHON) train.py --preset tiny
 
+# logs/compare-smol: the smol preset (docs/figures); logs/compare-smol-active, once shipped: the
+# smol-active preset, where the KL term and the clip act (docs/figures/active).
 figures:
-	$(PYTHON) plots.py logs/compare-smol/*-s* --out docs/figures --table
+	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
+	if [ -d logs/compare-smol-active ]; then \
+		$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table; fi
 
 test: setup-test
 	$(PYTHON) -m pytest -q

@@ -109,6 +109,9 @@ PRESETS = {
                       eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
                       grad_checkpointing=True, lora_rank=64),
 }
+# smol where every loss's mechanism acts: a KL term (and with it TEPO's KL mask) and a second
+# update per batch, off policy, where the ratio moves and the clip can act.
+PRESETS["smol-active"] = dict(PRESETS["smol"], beta=0.04, updates_per_batch=2)
 
 
 def parse_config(argv=None):
