@@ -45,8 +45,9 @@ PARTS = (
          "PPO's clipped surrogate, Schulman's k3 KL estimator, and the GRPO loss built from them: "
          "the ratio from log-probs, the surrogate, minus beta times k3 against the reference, "
          "reduced by `aggregate` and negated (a loss to minimise).",
-         info="`weights` (ones, `[B, T]`), `clip_frac`, `kl` and `ratio_mean` (means over valid "
-              "tokens, detached): `_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
+         info="`weights` (ones, `[B, T]`), `clip_frac`, `clip_low_frac`, `clip_high_frac`, "
+              "`abs_log_ratio`, `kl` and `ratio_mean` (means over valid tokens, detached): "
+              "`_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
          errors="`ValueError` mentioning `ref_logp` when `beta > 0` and `ref_logp is None` "
                 "(`_kl_term` raises it).",
          notes="Given helpers you may use: `_log_ratio` (log ratio zeroed at padding: padded positions "
@@ -80,15 +81,17 @@ PARTS = (
          notes="`tepo_loss` (given) assembles them with `clipped_surrogate`, `_kl_term` and "
                "`aggregate`, exactly as `grpo_loss` does."),
     Part("token_logprobs", "losses.py",
-         ("token_logprobs", "_TokenLogprobs.forward", "_TokenLogprobs.backward"), 10,
+         ("token_logprobs", "token_logprobs_plain", "_TokenLogprobs.forward", "_TokenLogprobs.backward"),
+         10,
          "Log-probability of each sampled token and the entropy of the whole next-token "
          "distribution, from logits divided by the sampling temperature.",
          notes="Only `token_logprobs` is graded: values, temperature, dtypes (bf16 logits give "
                "float32 results), an entropy without gradient, and the gradient of the "
-               "log-probs. A plain autograd version (a float32 `log_softmax`) is a complete "
-               "answer. Optional: the solution's speed device, the autograd Function "
-               "`_TokenLogprobs` with the gradient written out and rows in chunks, whose "
-               "`forward` and `backward` are blanked too."),
+               "log-probs. `token_logprobs_plain` (what `--plain` scores with) is blanked too: "
+               "write it with a float32 `log_softmax` and `gather`, and a `token_logprobs` that "
+               "calls it is a complete answer. Optional: the solution's speed device, the "
+               "autograd Function `_TokenLogprobs` with the gradient written out and rows in "
+               "chunks, whose `forward` and `backward` are blanked too."),
     Part("extract_answer", "rewards.py", ("extract_answer", "_last_boxed"), 10,
          "The GSM8K grader's answer extraction: find the model's final number in free text "
          "(`#### N`, `\\boxed{}`, `<answer>`, \"the answer is\", the last number) and "

@@ -96,7 +96,10 @@ def clipped_surrogate(ratio, adv, clip_eps):
     """PPO's min(ratio*A, clip(ratio)*A): the per-token policy-gradient objective.
 
     Returns the objective and where the clip is active (the min picked the clipped,
-    gradient-free branch), for the ``clip_frac`` diagnostic.
+    gradient-free branch), for the ``clip_frac`` diagnostic. That happens on one side only
+    for each sign of A: ratio > 1 + eps with A > 0 (the high side: the token was already
+    pushed up enough), ratio < 1 - eps with A < 0 (the low side: pushed down enough). With
+    A = 0, or a ratio inside [1 - eps, 1 + eps] (on policy it is exactly 1), it never acts.
     """
     # BEGIN SOLUTION grpo_loss
     unclipped = ratio * adv
@@ -130,10 +133,19 @@ def _kl_term(logp, ref_logp, mask, beta):
 
 
 def _info(mask, weights, ratio, clipped, kl, **extra):
-    """Detached diagnostics, identical in every loss so the plots can compare them."""
+    """Detached diagnostics, identical in every loss so the plots can compare them.
+
+    Means over valid tokens: ``clip_frac`` (the clip acts, see ``clipped_surrogate``), split
+    into ``clip_low_frac`` (ratio < 1 - eps, A < 0) and ``clip_high_frac`` (ratio > 1 + eps,
+    A > 0); ``abs_log_ratio``, |log ratio|, how far the policy has moved from the one that
+    sampled (0 on policy; for TEPO the sequence ratio's |log s_i|); ``kl`` (k3 against the
+    reference, whatever beta) and ``ratio_mean``.
+    """
     mean = lambda t: (t.detach() * mask).sum() / mask.sum().clamp(min=1)
-    return {"weights": weights.detach(), "clip_frac": mean(clipped), "kl": mean(kl), "ratio_mean": mean(ratio),
-            **{k: v.detach() for k, v in extra.items()}}
+    return {"weights": weights.detach(), "clip_frac": mean(clipped),
+            "clip_low_frac": mean(clipped & (ratio < 1)), "clip_high_frac": mean(clipped & (ratio > 1)),
+            "abs_log_ratio": mean(ratio.detach().log().abs()),
+            "kl": mean(kl), "ratio_mean": mean(ratio), **{k: v.detach() for k, v in extra.items()}}
 
 
 # ----------------------------------------------------------------------------------------
@@ -403,12 +415,31 @@ def token_logprobs(logits, tokens, temperature=1.0):
     computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
     [B, T, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
     under autograd the softmax kept for the backward pass is one float32 copy of the logits.
-    The gradient is _TokenLogprobs'.
+    The gradient is _TokenLogprobs'; token_logprobs_plain is the same without that device.
     """
     # BEGIN SOLUTION token_logprobs
     flat = logits.reshape(-1, logits.shape[-1])
     logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
     return logp.view(tokens.shape), entropy.view(tokens.shape)
+    # END SOLUTION
+
+
+def token_logprobs_plain(logits, tokens, temperature=1.0):
+    """token_logprobs with no speed device: autograd's own log_softmax, gather and entropy.
+
+        log p_t = log_softmax(logits_t / T)[tokens_t],   H_t = -sum_v p_t,v log p_t,v
+
+    The same numbers, dtypes and gradient as ``token_logprobs`` (tests/test_losses.py checks
+    it), computed the obvious way: ``train.py --plain`` scores with it. It holds the whole
+    float32 log-softmax of the logits, which autograd keeps for the backward pass.
+    """
+    # BEGIN SOLUTION token_logprobs
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    log_probs = torch.log_softmax(x, dim=-1)                              # [..., V]
+    logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    with torch.no_grad():                                                 # the entropy has no gradient
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logp, entropy
     # END SOLUTION
 
 

@@ -113,6 +113,9 @@ PRESETS = {
                       eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
                       grad_checkpointing=True, lora_rank=64),
 }
+# smol where every loss's mechanism acts: a KL term (and with it TEPO's KL mask) and a second
+# update per batch, off policy, where the ratio moves and the clip can act.
+PRESETS["smol-active"] = dict(PRESETS["smol"], beta=0.04, updates_per_batch=2)
 
 
 def parse_config(argv=None):
@@ -248,19 +251,19 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     times["score"] = time.perf_counter() - t
 
     # 5. Loss and update. More than one update per batch reuses it off policy (ratio != 1, clipping).
-    t = time.perf_counter()
+    t, updates = time.perf_counter(), []
     for k in range(cfg.updates_per_batch):
         stats, (logp, ent) = update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp,
                                     cw_weights, cfg)
+        updates.append(stats)
         if k == 0:
-            first = stats
             check_ratio_is_one(logp[:1], row0, batch.mask[:1])
             if old_logp is None:       # on policy: the first pass's own log-probs are old_logp
                 old_logp, entropy = logp, ent
     times["update"] = time.perf_counter() - t
 
     # 6. Log: what happened, per step; and one group token by token, for the plots.
-    metrics = {**step_metrics(first, batch, r, correct, entropy, cfg, scheduler, times),
+    metrics = {**step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times),
                **mfu.phase_mfu(policy, batch, cfg, times, device)}
     sample = dict(prompt=data.render_prompt(tok, problems[0]["question"]), completions=texts[:G],
                   tokens=[[tok.decode([i]) for i in row] for row in batch.completions[:G].tolist()],
@@ -315,21 +318,27 @@ def check_ratio_is_one(train_logp, plain_logp, mask):
               "sampling and scoring disagree (dropout on? temperature?)", file=sys.stderr)
 
 
-def step_metrics(first_update, batch, r, correct, entropy, cfg, scheduler, times):
-    """Batch statistics of a step, each over the whole batch (never per micro-batch)."""
-    total, grad_norm, infos = first_update
-    mask, valid, n_tok = batch.mask, batch.mask > 0, batch.mask.sum().item()
-    tok_mean = lambda key: sum(info[key].item() * n for info, n in infos) / n_tok   # over micro-batches
+def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
+    """Batch statistics of a step, each over the whole batch (never per micro-batch). loss and
+    grad_norm are the first update's (on policy); what the loss reports (kl, the clip, the
+    ratio, the weights, the KL mask) is a token mean over every update of the step."""
+    total, grad_norm, _ = updates[0]
+    infos = [x for _, _, update_infos in updates for x in update_infos]   # (info, tokens) per micro-batch
+    mask, valid, n_tok = batch.mask, batch.mask > 0, sum(n for _, n in infos)
+    tok_mean = lambda key: sum(info[key].item() * n for info, n in infos) / n_tok
     weights = torch.cat([pad_to(info["weights"], mask.shape[1]) for info, _ in infos])
+    valid_every_update = valid.repeat(len(updates), 1)
     groups = r.view(-1, cfg.group_size)
     metrics = dict(loss=total, reward=r.mean().item(), reward_std=r.std().item(), accuracy=correct.mean().item(),
                    frac_zero_std=(groups == groups[:, :1]).all(1).float().mean().item(),
                    entropy=entropy[valid].mean().item(), grad_norm=grad_norm, kl=tok_mean("kl"),
-                   clip_frac=tok_mean("clip_frac"), weight_mean=weights[valid].float().mean().item(),
+                   clip_frac=tok_mean("clip_frac"), clip_low_frac=tok_mean("clip_low_frac"),
+                   clip_high_frac=tok_mean("clip_high_frac"), abs_log_ratio=tok_mean("abs_log_ratio"),
+                   weight_mean=weights[valid_every_update].float().mean().item(),
                    completion_len=mask.sum(1).mean().item(), truncated_frac=batch.truncated.float().mean().item(),
                    lr=scheduler.get_last_lr()[0], gen_time=times["gen"], score_time=times["score"],
                    update_time=times["update"], tokens_per_s=mask.sum().item() / times["gen"])
-    if cfg.loss == "tepo":
+    if cfg.loss == "tepo" and cfg.beta > 0:          # with beta = 0 the mask multiplies nothing
         metrics["kl_mask_frac"] = sum(info["kl_mask"].sum().item() for info, _ in infos) / n_tok
     return metrics
 

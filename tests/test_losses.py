@@ -8,7 +8,7 @@ import torch
 import losses
 from losses import (AGGREGATIONS, LOSSES, cw_grpo_loss, cw_grpo_weights, grpo_loss,
                     group_advantages, microbatch_scale, tepo_loss, token_logprobs,
-                    tr_grpo_loss, tr_grpo_weights)
+                    token_logprobs_plain, tr_grpo_loss, tr_grpo_weights)
 
 
 
@@ -70,7 +70,11 @@ def test_grpo_by_hand(agg, beta):
     assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
     # e.g. seq-mean-token-mean, beta = 0: -((1.2 + 1 + 0.5)/3 + (-0.625 - 0.45)/2)/2 = -0.18125
     assert info["clip_frac"].item() == pytest.approx(1 / 5)     # only row 0, token 0 is clipped
+    assert info["clip_high_frac"].item() == pytest.approx(1 / 5)  # ... on the high side: 1.5 > 1.2, A > 0
+    assert info["clip_low_frac"].item() == 0.0                   # 0.5 < 0.8, but A > 0: not clipped
     assert info["ratio_mean"].item() == pytest.approx((1.5 + 1 + 0.5 + 1.25 + 0.9) / 5)
+    assert info["abs_log_ratio"].item() == pytest.approx(
+        (math.log(1.5) + 0 + math.log(2) + math.log(1.25) + math.log(1 / 0.9)) / 5)
     assert info["kl"].item() == pytest.approx((K3_LN2 + K3_MLN2) / 5)
     assert torch.equal(info["weights"], torch.ones(2, 3))
 
@@ -295,6 +299,46 @@ def test_on_policy_ratio_is_one_loss_is_weighted_advantage(name, agg):
                  "seq-mean-token-sum-norm": x.sum() / x.numel()}[agg]   # not aggregate(): it is under test too
     assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
     assert grad.abs().sum() > 0         # the value is "just A", but the gradient is not zero
+
+
+def test_on_policy_with_beta_0_tepo_is_grpo_with_token_mean():
+    """TEPO's two mechanisms need the setting to act: on policy the sequence ratio has value 1
+    and gradient d logp, as GRPO's token ratio does, and with beta = 0 its KL mask multiplies
+    nothing. There TEPO *is* GRPO with agg="token-mean": the same loss and gradient, bit for bit."""
+    logp, _, ref, adv, mask, entropy = random_batch(B=16, T=8, seed=2)
+    for reference in (None, ref):
+        grpo = loss_and_grad(grpo_loss, logp, logp.detach(), reference, adv, mask, beta=0.0, agg="token-mean")
+        tepo = loss_and_grad(tepo_loss, logp, logp.detach(), reference, adv, mask, entropy, beta=0.0)
+        assert torch.equal(grpo[0], tepo[0]) and torch.equal(grpo[1], tepo[1])
+    assert tepo[2]["kl_mask"].sum() > 0                       # the mask is there; it multiplies 0
+    # Either mechanism acting makes them differ: a KL term (beta > 0), or an old policy (off policy).
+    old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(0))
+    for old_logp, beta in ((logp.detach(), 0.04), (old, 0.0)):
+        grpo = loss_and_grad(grpo_loss, logp, old_logp, ref, adv, mask, beta=beta, agg="token-mean")
+        tepo = loss_and_grad(tepo_loss, logp, old_logp, ref, adv, mask, entropy, beta=beta)
+        assert not torch.allclose(grpo[1], tepo[1], atol=1e-6), beta
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_clip_frac_is_the_low_side_plus_the_high_side(name):
+    """The clip acts on the high side where A > 0 and ratio > 1 + eps, on the low side where
+    A < 0 and ratio < 1 - eps; abs_log_ratio is the mean |log ratio| over valid tokens, of the
+    ratio the loss clips (TEPO's: the sequence ratio)."""
+    logp, old, ref, adv, mask, entropy = random_batch(B=32, T=8, seed=4)
+    old = logp.detach() + 3 * (old - logp.detach())            # far off policy: both sides clip
+    _, info = LOSSES[name](logp, old, ref, adv, mask, entropy, clip_eps=0.2)
+    if name == "tepo":
+        ratio = losses.tepo_sequence_ratio(logp.detach(), old, mask)
+    else:
+        ratio = torch.exp((logp.detach() - old) * mask)
+    valid, n = mask > 0, mask.sum()
+    low = (adv[:, None] < 0) & (ratio < 0.8) & valid
+    high = (adv[:, None] > 0) & (ratio > 1.2) & valid
+    assert low.any() and high.any()
+    assert info["clip_low_frac"].item() == pytest.approx(low.sum().item() / n.item())
+    assert info["clip_high_frac"].item() == pytest.approx(high.sum().item() / n.item())
+    assert info["clip_frac"].item() == pytest.approx((low | high).sum().item() / n.item())
+    assert info["abs_log_ratio"].item() == pytest.approx(((ratio.log().abs() * mask).sum() / n).item())
 
 
 def test_grpo_gradient_by_hand_on_policy():
@@ -706,6 +750,31 @@ def test_the_written_out_gradient_passes_gradcheck():
     bf16 = logits.detach().to(torch.bfloat16).requires_grad_()
     losses._TokenLogprobs.apply(bf16, tokens, 1.0)[0].sum().backward()
     assert bf16.grad.dtype == torch.bfloat16                     # the gradient comes back in the logits' dtype
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_token_logprobs_equals_the_plain_autograd_computation(dtype, tol, monkeypatch):
+    """The default path (the _TokenLogprobs device, in row chunks) and token_logprobs_plain
+    (what --plain scores with: log_softmax, gather, no custom autograd) agree on values,
+    entropies, dtypes and gradients, at a temperature other than 1."""
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 4 * 40)        # several chunks
+    g = torch.Generator().manual_seed(6)
+    logits = (4 * torch.randn(3, 5, 40, generator=g, dtype=dtype)).requires_grad_()
+    tokens = torch.randint(0, 40, (3, 5), generator=g)
+    upstream = torch.randn(3, 5, generator=g, dtype=dtype)        # any weighting of the tokens
+    results = []
+    for fn in (token_logprobs, token_logprobs_plain):
+        logp, entropy = fn(logits, tokens, 0.7)
+        assert logp.dtype == entropy.dtype == dtype and not entropy.requires_grad
+        (grad,) = torch.autograd.grad((logp * upstream).sum(), logits)
+        results.append((logp.detach(), entropy, grad))
+    for fast, plain in zip(*results):
+        assert torch.allclose(fast, plain, rtol=0, atol=tol)
+    assert results[0][2].abs().sum() > 0
+    bf16 = logits.detach().to(torch.bfloat16)                     # bf16 logits: both score in float32
+    fast, plain = token_logprobs(bf16, tokens, 0.7), token_logprobs_plain(bf16, tokens, 0.7)
+    assert fast[0].dtype == plain[0].dtype == torch.float32
+    assert torch.allclose(fast[0], plain[0], atol=1e-5) and torch.allclose(fast[1], plain[1], atol=1e-5)
 
 
 def test_temperature_matters_and_entropy_is_of_the_full_distribution():

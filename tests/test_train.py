@@ -123,6 +123,30 @@ def test_each_loss_runs_a_step(tmp_path, warm):
             assert 0 <= step["kl_mask_frac"] <= 1
 
 
+def test_two_updates_per_batch_log_the_clip_of_every_update(tmp_path, warm):
+    """The first update of a step is on policy (ratio 1, nothing clipped); the second is not.
+    clip_frac, its two sides and abs_log_ratio are logged over every update, so a run with
+    --updates-per-batch 2 shows the clip acting (lr 1e-3: the tiny model moves enough)."""
+    out = tmp_path / "tepo"
+    assert run(["--out", str(out), "--steps", "3", "--loss", "tepo", "--updates-per-batch", "2",
+                "--lr", "1e-3", "--beta", "0.04", "--eval-n", "4"], warm) == 0
+    steps = [l for l in read(out / "metrics.jsonl") if "loss" in l]
+    assert any(l["clip_frac"] > 0 for l in steps), steps
+    for l in steps:
+        assert l["clip_frac"] == pytest.approx(l["clip_low_frac"] + l["clip_high_frac"])
+    assert any(l["abs_log_ratio"] > 0 for l in steps)
+    assert all(0 <= l["kl_mask_frac"] <= 1 for l in steps) and any(l["kl_mask_frac"] > 0 for l in steps)
+
+
+def test_kl_mask_frac_is_logged_only_where_beta_gives_the_mask_something_to_multiply(tmp_path, warm):
+    for beta in ("0", "0.04"):
+        out = tmp_path / f"beta-{beta}"
+        args = ["--out", str(out), "--steps", "1", "--loss", "tepo", "--beta", beta, "--eval-n", "4"]
+        assert run(args, warm) == 0
+        step = [l for l in read(out / "metrics.jsonl") if "loss" in l][0]
+        assert ("kl_mask_frac" in step) == (beta != "0"), beta
+
+
 def losses_and_rewards(path):
     return [(l["step"], l["loss"], l["reward"]) for l in read(path) if "loss" in l]
 
