@@ -116,7 +116,7 @@ def cw_by_hand(scope):
     if scope == "group":                                      # the authors': per sequence, rows once
         mean_l = [sum(row) / len(row) for row in l]
         mean_a = sum(a) / 2
-    else:                                                     # ours before: over the 5 tokens
+    else:                                                     # batch scope: over the 5 tokens
         mean_l = [sum(sum(r) for r in l) / 5] * 2
         mean_a = (3 * 1.0 + 2 * -0.5) / 5                     # A_i counted once per token
     c = [[(x - mean_l[i]) * (a[i] - mean_a) for x in row] for i, row in enumerate(l)]
@@ -462,7 +462,7 @@ def test_cw_grpo_padded_normalisation_is_the_valid_one_scaled():
     assert not torch.allclose(padded, valid)
 
 
-def test_cw_grpo_scope_batch_is_the_earlier_reading():
+def test_cw_grpo_scope_batch_is_our_other_reading():
     logp, _, _, _, mask, _ = random_batch(B=8, T=6, seed=7)
     adv = torch.tensor([-1.5, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5, 1.5]) / 0.5001   # rewards [0 1 1 1 | 0 0 0 1]
     with torch.no_grad():
