@@ -47,8 +47,9 @@ def config_changes(saved, cfg):
 
 
 def save_checkpoint(run, policy, optimizer, scheduler, step, cfg):
-    state = dict(model=policy.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                 step=step, data_position=step * cfg.prompts_per_step, config=dataclasses.asdict(cfg),
+    state = dict(model=policy.state_dict(), optimizer=optimizer.state_dict(),
+                 scheduler=scheduler.state_dict(), step=step, data_position=step * cfg.prompts_per_step,
+                 config=dataclasses.asdict(cfg),
                  rng=dict(python=random.getstate(), torch=torch.get_rng_state(),
                           cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []))
     (run / "ckpt").mkdir(exist_ok=True)

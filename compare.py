@@ -1,10 +1,15 @@
 """compare.py — the four losses from the same warm start, then the figures and the table.
 
-    python compare.py                      # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
-    python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): docs/results.md, tiny model
-    python compare.py --steps 60           # quicker
-    python compare.py --preset smol --seeds 0 1 2   # the real model (SmolLM2-135M-Instruct), one run at a time
-    python compare.py --preset smol-active --seeds 0 1 2   # the same with a KL term and 2 updates per batch
+    # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
+    python compare.py
+    # and seed 1 (finished runs are reused): docs/results.md, tiny model
+    python compare.py --seeds 0 1
+    # quicker
+    python compare.py --steps 60
+    # the real model (SmolLM2-135M-Instruct), one run at a time
+    python compare.py --preset smol --seeds 0 1 2
+    # the same with a KL term and 2 updates per batch
+    python compare.py --preset smol-active --seeds 0 1 2
 
 Runs ``train.py --preset <tiny|smol|smol-active>`` for every loss and seed (in parallel,
 splitting the CPU threads between jobs), then ``plots.py --table`` on all of them. Outputs go
@@ -35,7 +40,8 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     parser.add_argument("--jobs", type=int, default=None,
-                        help="runs at the same time; default 2 for tiny, 1 for smol (a smol run wants both cores and 6 GiB)")
+                        help="runs at the same time; default 2 for tiny, 1 for smol "
+                             "(a smol run wants both cores and 6 GiB)")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's --steps")
     parser.add_argument("--out", default=None, help="default runs/compare (tiny) or runs/compare-<preset>")
     parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
@@ -44,15 +50,16 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     args.jobs = args.jobs or (2 if args.preset == "tiny" else 1)
     threads = max(1, (os.cpu_count() or 2) // args.jobs)
-    common = ["--preset", args.preset, "--threads", str(threads)] + (["--steps", str(args.steps)] if args.steps else [])
+    common = ["--preset", args.preset, "--threads", str(threads)]
+    common += ["--steps", str(args.steps)] if args.steps else []
     common += args.extra
     start = time.time()
 
     # The shared starting weights, built once before the parallel runs so they never race for them.
     if args.preset == "tiny":
         print("building (or reusing) the warm start ...", flush=True)
-        subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--out", str(out / "warm"), "--warmup-only",
-                        "--threads", str(os.cpu_count() or 2)], check=True)
+        subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--out", str(out / "warm"),
+                        "--warmup-only", "--threads", str(os.cpu_count() or 2)], check=True)
     else:
         print(f"converting (or reusing) the packaged model: {models.smollm2_dir()}", flush=True)
 
@@ -65,10 +72,12 @@ def main(argv=None):
             print(f"  {loss:8s} seed {seed}: finished before, skipped", flush=True)
             return run
         flags = ["--resume"] if (run / "ckpt" / "last.pt").exists() else []
-        with open(out / f"{loss}-s{seed}.log", "a") as log:
-            p = subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--loss", loss, "--seed", str(seed),
-                                "--out", str(run), *flags], stdout=log, stderr=subprocess.STDOUT)
-        status = "ok" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {out / f'{loss}-s{seed}.log'})"
+        log_path = out / f"{loss}-s{seed}.log"
+        with open(log_path, "a") as log:
+            p = subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--loss", loss,
+                                "--seed", str(seed), "--out", str(run), *flags],
+                               stdout=log, stderr=subprocess.STDOUT)
+        status = "ok" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {log_path})"
         print(f"  {loss:8s} seed {seed}: {status}  [{time.time() - start:.0f}s]", flush=True)
         return run if p.returncode == 0 else None
 

@@ -119,7 +119,8 @@ LEVEL3 = [
      lambda a, b, c: [(f"{a * b}/{b}", a), (f"{a}+{c}", a + c)]),
     ("{n} earns ${a} a day for {b} days, spends ${c}, and splits the rest with a sister. "
      "How many dollars does each get?",
-     lambda a, b, c: [(f"{a}*{b}", a * b), (f"{a * b}-{c}", a * b - c), (f"{a * b - c}/2", (a * b - c) // 2)]),
+     lambda a, b, c: [(f"{a}*{b}", a * b), (f"{a * b}-{c}", a * b - c),
+                      (f"{a * b - c}/2", (a * b - c) // 2)]),
 ]
 
 

@@ -503,7 +503,8 @@ def _bench(B=128, C=512, repeats=20, rounds=7):
                 loss, _ = fn(xs[name], old_logp, ref_logp, adv, mask, entropy)
                 loss.backward()
             times[name] = min(times[name], (time.perf_counter() - start) / repeats)
-    print(f"forward+backward, B={B}, C={C}, {torch.get_num_threads()} threads, best of {rounds} rounds x {repeats}:")
+    print(f"forward+backward, B={B}, C={C}, {torch.get_num_threads()} threads, "
+          f"best of {rounds} rounds x {repeats}:")
     for name, t in times.items():
         print(f"  {name:8s} {t * 1e3:7.2f} ms   {t / times['grpo']:.2f}x grpo")
 

@@ -45,7 +45,8 @@ def read_jsonl(path):
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if i == len(lines) - 1:
-                print(f"warning: {path}: skipping an incomplete last line (run still writing?)", file=sys.stderr)
+                print(f"warning: {path}: skipping an incomplete last line (run still writing?)",
+                      file=sys.stderr)
             else:
                 raise SystemExit(f"error: {path}, line {i + 1}: not valid JSON")
     return records
@@ -59,8 +60,9 @@ def read_run(run_dir):
     cfg_path = run_dir / "config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
     records = read_jsonl(metrics)
-    return {"dir": run_dir, "loss": cfg.get("loss", run_dir.name), "seed": cfg.get("seed", "?"), "config": cfg,
-            "train": [r for r in records if "loss" in r], "eval": [r for r in records if "eval_accuracy" in r]}
+    return {"dir": run_dir, "loss": cfg.get("loss", run_dir.name), "seed": cfg.get("seed", "?"),
+            "config": cfg, "train": [r for r in records if "loss" in r],
+            "eval": [r for r in records if "eval_accuracy" in r]}
 
 
 def ema(values, smooth):
@@ -122,8 +124,8 @@ def trajectory_figures(runs, out, smooth):
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), dpi=110)
     for ax, key in zip(axes.flat, ["entropy", "grad_norm", "reward", "eval_accuracy"]):
         draw_metric(ax, runs, key, smooth)
-    fig.suptitle("Four token-level losses from the same start (thin: each seed, raw; bold: smoothed mean over seeds)",
-                 fontsize=11)
+    fig.suptitle("Four token-level losses from the same start "
+                 "(thin: each seed, raw; bold: smoothed mean over seeds)", fontsize=11)
     fig.tight_layout()
     fig.savefig(out / "summary.png")
     plt.close(fig)
@@ -154,7 +156,9 @@ def show(token):
 def token_figure(sample, path, max_chars=48):
     weights = token_weights(sample)
     rewards = sample["rewards"]
-    picks = sorted({max(range(len(rewards)), key=lambda i: rewards[i]), min(range(len(rewards)), key=lambda i: rewards[i])})
+    best = max(range(len(rewards)), key=lambda i: rewards[i])
+    worst = min(range(len(rewards)), key=lambda i: rewards[i])
+    picks = sorted({best, worst})
     lines = []                                  # (loss, completion index, [(token, weight, masked)])
     for name in ORDER:
         w, m = weights[name]
@@ -181,7 +185,8 @@ def token_figure(sample, path, max_chars=48):
     for y, (name, i, row) in enumerate(lines):
         if (name, i) != previous:
             label = f"{name}  A={sample['advantages'][i]:+.2f}"
-            text_ax.text(0, y, label, fontsize=8.5, color=COLORS[name], va="center", fontweight="bold", parse_math=False)
+            text_ax.text(0, y, label, fontsize=8.5, color=COLORS[name], va="center", fontweight="bold",
+                         parse_math=False)
             previous = (name, i)
         x = 15.5
         for tok, w, masked in row:
@@ -248,8 +253,8 @@ def summary_table(runs, last=5):
         rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
                     f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | "
                     + " | ".join(spread(per_run(group, key, f)) for _, key, f in columns) + " |")
-    starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict")) for r in runs if r["eval"]},
-                    key=str)
+    starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict"))
+                     for r in runs if r["eval"]}, key=str)
     start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
     return "\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
 
@@ -260,7 +265,8 @@ def masks_nothing(run, key):
 
 
 def per_seed_table(runs):
-    """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column per seed."""
+    """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column
+    per seed."""
     seeds = sorted({r["seed"] for r in runs}, key=str)
     rows = ["| loss | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for loss, group in by_loss(runs):
@@ -301,7 +307,9 @@ def main(argv=None):
             written.append("token_weights.png")
             break
     if args.table:
-        table = summary_table(runs) + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n" + per_seed_table(runs)
+        table = (summary_table(runs)
+                 + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
+                 + per_seed_table(runs))
         (out / "results.md").write_text(table)
         print(table)
     print(f"wrote {', '.join(written)} to {out}")

@@ -44,7 +44,8 @@ def generation_config(model, tok, cfg, greedy=False):
     # transformers warns about top_k=0 there, so leave it unset.
     return GenerationConfig(do_sample=not greedy, temperature=1.0 if greedy else cfg.temperature,
                             top_k=None if greedy else 0,
-                            top_p=1.0, min_p=None, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                            top_p=1.0, min_p=None, typical_p=1.0, repetition_penalty=1.0,
+                            no_repeat_ngram_size=0,
                             max_new_tokens=cfg.max_new_tokens, eos_token_id=eos_ids(model, tok),
                             pad_token_id=tok.pad_token_id, bos_token_id=None, use_cache=True)
 
@@ -55,11 +56,13 @@ def generate_plain(model, prompt_ids, prompt_attn, gen_config):
     the token budget. ``prompt_ids``/``prompt_attn`` already hold one row per completion."""
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_attn, generation_config=gen_config)
     out = out[:, prompt_ids.shape[1]:]                                     # the completions alone
-    return torch.nn.functional.pad(out, (0, gen_config.max_new_tokens - out.shape[1]), value=gen_config.pad_token_id)
+    return torch.nn.functional.pad(out, (0, gen_config.max_new_tokens - out.shape[1]),
+                                   value=gen_config.pad_token_id)
 
 
 @torch.no_grad()
-def generate(model, prompt_ids, prompt_attn, group_size, max_new_tokens, temperature, eos, pad, share_prompts=True):
+def generate(model, prompt_ids, prompt_attn, group_size, max_new_tokens, temperature, eos, pad,
+             share_prompts=True):
     """``group_size`` completions for each of the P prompts, the rows of a group adjacent: [P*G, C].
 
     ``temperature=None`` is greedy decoding. ``share_prompts=False`` runs every row's prompt

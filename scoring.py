@@ -101,7 +101,8 @@ def micro_batches(batch, cfg):
         rows = slice(i, i + cfg.micro_batch)
         part = batch[rows]
         width = batch.mask.shape[1] if cfg.plain else longest_completion(part.mask)
-        yield rows, dataclasses.replace(part, completions=part.completions[:, :width], mask=part.mask[:, :width])
+        yield rows, dataclasses.replace(part, completions=part.completions[:, :width],
+                                        mask=part.mask[:, :width])
 
 
 def longest_completion(mask):

@@ -51,7 +51,8 @@ class Config:
     resume: bool = False
     model: str = ""                # HF model id or local path; "" = the tiny model
     init: str = ""                 # start from these weights (a save_pretrained directory)
-    data: str = "synthetic"        # "synthetic" (data.make_synthetic at --level) | local GSM8K JSONL file/dir | "" = Hub GSM8K
+    # "synthetic" (data.make_synthetic at --level) | local GSM8K JSONL file/dir | "" = Hub GSM8K
+    data: str = "synthetic"
     group_size: int = 8            # completions per prompt (G)
     prompts_per_step: int = 16     # prompts per batch (P); the batch has B = P*G rows
     micro_batch: int = 128         # rows per forward/backward (gradient accumulation)
@@ -103,15 +104,15 @@ PRESETS = {
                  beta=0.0, temperature=0.7, max_new_tokens=80, eval_every=0, eval_n=200, eval_batch=200,
                  sample_every=1, ckpt_every=5),
     # One 12 GB GPU: full fine-tuning, fp32 master weights + AdamW, bf16 autocast.
-    "qwen-0.5b": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="", steps=500, group_size=8, prompts_per_step=8,
-                      micro_batch=2, lr=1e-6, lr_warmup_steps=10, max_new_tokens=400, eval_every=50,
-                      eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
-                      grad_checkpointing=True),
+    "qwen-0.5b": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="", steps=500, group_size=8,
+                      prompts_per_step=8, micro_batch=2, lr=1e-6, lr_warmup_steps=10, max_new_tokens=400,
+                      eval_every=50, eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10,
+                      dtype="bfloat16", grad_checkpointing=True),
     # One 24 GB GPU: LoRA (full fine-tuning needs ~25 GB for weights, grads and AdamW alone).
-    "qwen-1.5b": dict(model="Qwen/Qwen2.5-1.5B-Instruct", data="", steps=500, group_size=8, prompts_per_step=8,
-                      micro_batch=4, lr=2e-5, lr_warmup_steps=10, max_new_tokens=400, eval_every=50,
-                      eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
-                      grad_checkpointing=True, lora_rank=64),
+    "qwen-1.5b": dict(model="Qwen/Qwen2.5-1.5B-Instruct", data="", steps=500, group_size=8,
+                      prompts_per_step=8, micro_batch=4, lr=2e-5, lr_warmup_steps=10, max_new_tokens=400,
+                      eval_every=50, eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10,
+                      dtype="bfloat16", grad_checkpointing=True, lora_rank=64),
 }
 # smol where every loss's mechanism acts: a KL term (and with it TEPO's KL mask) and a second
 # update per batch, off policy, where the ratio moves and the clip can act.
@@ -125,11 +126,13 @@ def parse_config(argv=None):
         if f.type is bool or f.type == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__)
+            type_name = f.type if isinstance(f.type, str) else f.type.__name__
+            kind = {"int": int, "float": float, "str": str}.get(type_name)
             choices = {"preset": list(PRESETS), "loss": list(LOSSES), "dtype": ["float32", "bfloat16"],
                        "device": ["auto", "cpu", "cuda"], "cw_scope": ["group", "batch"],
                        "cw_normalise": ["valid", "padded"],
-                       "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]}.get(f.name)
+                       "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
+                       }.get(f.name)
             parser.add_argument(flag, type=kind, default=None, choices=choices)
     args = vars(parser.parse_args(argv))
     preset = args["preset"] or Config.preset
@@ -137,7 +140,8 @@ def parse_config(argv=None):
     cfg.out = cfg.out or f"runs/{cfg.preset}-{cfg.loss}-s{cfg.seed}"
     problems = []
     if cfg.group_size < 2:
-        problems.append(f"--group-size must be >= 2 (advantages compare completions within a group), got {cfg.group_size}")
+        problems.append("--group-size must be >= 2 (advantages compare completions within a group), "
+                        f"got {cfg.group_size}")
     batch = cfg.prompts_per_step * cfg.group_size
     if cfg.micro_batch < 1 or batch % cfg.micro_batch:
         problems.append(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {batch} rows) "
@@ -177,7 +181,8 @@ def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
     """``group_size`` completions per question, sampled at cfg.temperature (greedy: the argmax)."""
     enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
               add_special_tokens=False).to(model.device)
-    ids, attn = (enc[k].repeat_interleave(group_size, dim=0) for k in ("input_ids", "attention_mask"))   # [B, L]
+    ids, attn = (enc[k].repeat_interleave(group_size, dim=0)           # [B, L]
+                 for k in ("input_ids", "attention_mask"))
     eos = eos_ids(model, tok)
     was_training = model.training
     model.eval()                       # no dropout: sample from the distribution that is scored
@@ -278,7 +283,8 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     old_logp=None: on policy, each micro-batch's own detached log-probs are the old ones.
     Returns ((loss, grad_norm, infos), (logp, entropy) of the batch before the step, detached)."""
     loss_fn = LOSSES[cfg.loss]
-    kwargs = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_tokens=cfg.max_new_tokens, **({"agg": cfg.agg} if cfg.agg else {}))
+    kwargs = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_tokens=cfg.max_new_tokens,
+                  **({"agg": cfg.agg} if cfg.agg else {}))
     if cfg.loss == "cw_grpo":          # the weights of step 4, or with --no-cw-detach from each micro-batch
         kwargs.update(group_size=cfg.group_size, scope=cfg.cw_scope, normalise=cfg.cw_normalise,
                       detach=cfg.cw_detach)
@@ -293,8 +299,8 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
         old = logp.detach() if old_logp is None else old_logp[rows, :width]
         ent = ent if entropy is None else entropy[rows, :width]
         extra = {"weights": cw_weights[rows, :width]} if cw_weights is not None else {}
-        loss, info = loss_fn(logp, old, None if ref_logp is None else ref_logp[rows, :width], adv[rows], part.mask,
-                             ent, **kwargs, **extra)
+        loss, info = loss_fn(logp, old, None if ref_logp is None else ref_logp[rows, :width],
+                             adv[rows], part.mask, ent, **kwargs, **extra)
         loss = loss * microbatch_scale(agg, part.mask, batch.mask)
         loss.backward()
         total += loss.item()
@@ -314,7 +320,8 @@ def check_ratio_is_one(train_logp, plain_logp, mask):
     a wrong temperature, and any difference between the speed devices and the plain computation."""
     drift = ((train_logp - plain_logp).abs() * mask).max().item()
     if drift > 1e-3:
-        print(f"warning: the importance ratio is not 1 before the first update (max |log ratio| {drift:.2e}): "
+        print("warning: the importance ratio is not 1 before the first update "
+              f"(max |log ratio| {drift:.2e}): "
               "sampling and scoring disagree (dropout on? temperature?)", file=sys.stderr)
 
 
@@ -329,13 +336,15 @@ def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
     weights = torch.cat([pad_to(info["weights"], mask.shape[1]) for info, _ in infos])
     valid_every_update = valid.repeat(len(updates), 1)
     groups = r.view(-1, cfg.group_size)
-    metrics = dict(loss=total, reward=r.mean().item(), reward_std=r.std().item(), accuracy=correct.mean().item(),
+    metrics = dict(loss=total, reward=r.mean().item(), reward_std=r.std().item(),
+                   accuracy=correct.mean().item(),
                    frac_zero_std=(groups == groups[:, :1]).all(1).float().mean().item(),
                    entropy=entropy[valid].mean().item(), grad_norm=grad_norm, kl=tok_mean("kl"),
                    clip_frac=tok_mean("clip_frac"), clip_low_frac=tok_mean("clip_low_frac"),
                    clip_high_frac=tok_mean("clip_high_frac"), abs_log_ratio=tok_mean("abs_log_ratio"),
                    weight_mean=weights[valid_every_update].float().mean().item(),
-                   completion_len=mask.sum(1).mean().item(), truncated_frac=batch.truncated.float().mean().item(),
+                   completion_len=mask.sum(1).mean().item(),
+                   truncated_frac=batch.truncated.float().mean().item(),
                    lr=scheduler.get_last_lr()[0], gen_time=times["gen"], score_time=times["score"],
                    update_time=times["update"], tokens_per_s=mask.sum().item() / times["gen"])
     if cfg.loss == "tepo" and cfg.beta > 0:          # with beta = 0 the mask multiplies nothing
@@ -345,9 +354,11 @@ def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
 
 @torch.no_grad()
 def evaluate(model, tok, problems, cfg):
-    """Greedy held-out accuracy (correctness alone, no format bonus), and strict: right *and* ending on `#### N`."""
+    """Greedy held-out accuracy (correctness alone, no format bonus), and strict: right *and*
+    ending on `#### N`."""
     correct = strict = 0
-    for i in tqdm(range(0, len(problems), cfg.eval_batch), desc="eval", leave=False, disable=len(problems) <= cfg.eval_batch):
+    for i in tqdm(range(0, len(problems), cfg.eval_batch), desc="eval", leave=False,
+                  disable=len(problems) <= cfg.eval_batch):
         chunk = problems[i:i + cfg.eval_batch]
         batch = rollout(model, tok, [p["question"] for p in chunk], cfg, greedy=True)
         for text, p in zip(decode(tok, batch.completions, batch.mask), chunk):
@@ -376,7 +387,8 @@ def main(argv=None):
     random.seed(cfg.seed)
 
     optimizer = make_optimizer(policy, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))
     start = checkpoints.resume(run, policy, optimizer, scheduler, cfg) if cfg.resume else 0
     (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     metrics, samples = checkpoints.Log(run / "metrics.jsonl"), checkpoints.Log(run / "samples.jsonl")
@@ -384,7 +396,8 @@ def main(argv=None):
     def held_out_accuracy(step):
         acc, strict = evaluate(policy, tok, held_out, cfg)
         metrics.write(step=step, eval_accuracy=acc, eval_strict=strict, eval_n=len(held_out))
-        tqdm.write(f"step {step}: held-out greedy accuracy {acc:.3f} (strict {strict:.3f}) on {len(held_out)} problems")
+        tqdm.write(f"step {step}: held-out greedy accuracy {acc:.3f} (strict {strict:.3f}) "
+                   f"on {len(held_out)} problems")
 
     with checkpoints.ctrl_c_stops_after_the_step() as stop:
         if start == 0:
@@ -393,7 +406,8 @@ def main(argv=None):
         for step in bar:
             t0 = time.perf_counter()
             try:
-                m, sample = grpo_step(policy, ref, tok, optimizer, scheduler, batch_of_prompts(train, cfg, step), cfg, device)
+                prompts = batch_of_prompts(train, cfg, step)
+                m, sample = grpo_step(policy, ref, tok, optimizer, scheduler, prompts, cfg, device)
             except FloatingPointError as e:
                 raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint is "
                                  f"{run}/ckpt/last.pt (try a lower --lr).") from None

@@ -1,8 +1,11 @@
-"""trl_grpo.py — the four losses of losses.py inside TRL's GRPOTrainer, for many GPUs.
+r"""trl_grpo.py — the four losses of losses.py inside TRL's GRPOTrainer, for many GPUs.
 
-    python trl_grpo.py --loss tepo --model Qwen/Qwen2.5-0.5B-Instruct --data ../shared/data/gsm8k --output-dir runs/trl-tepo
-    accelerate launch --num_processes 8 trl_grpo.py --loss tepo --model ... --output-dir ...   # 8 GPUs, same flags
-    accelerate launch --multi_gpu --num_processes 2 trl_grpo.py ... --cpu     # rehearse 2 processes on a CPU (gloo)
+    python trl_grpo.py --loss tepo --model Qwen/Qwen2.5-0.5B-Instruct --data ../shared/data/gsm8k \
+        --output-dir runs/trl-tepo
+    # 8 GPUs, same flags:
+    accelerate launch --num_processes 8 trl_grpo.py --loss tepo --model ... --output-dir ...
+    # rehearse 2 processes on a CPU (gloo):
+    accelerate launch --multi_gpu --num_processes 2 trl_grpo.py ... --cpu
 
 (`accelerate launch --cpu --num_processes 2` starts ONE process: accelerate's own multi-CPU mode
 needs mpirun. `--multi_gpu` without a visible GPU, or `torchrun --nproc_per_node 2`, starts two.)
@@ -51,8 +54,8 @@ except ImportError as e:
 
 TRL_TESTED = "1.16"
 if not trl.__version__.startswith(TRL_TESTED + "."):
-    warnings.warn(f"trl_grpo.py was tested with TRL {TRL_TESTED}.x, not {trl.__version__}: it overrides private "
-                  "GRPOTrainer methods; run tests/test_trl_grpo.py before trusting it.")
+    warnings.warn(f"trl_grpo.py was tested with TRL {TRL_TESTED}.x, not {trl.__version__}: "
+                  "it overrides private GRPOTrainer methods; run tests/test_trl_grpo.py before trusting it.")
 
 # Arguments of our losses that come from TRL's config, never from loss_kwargs.
 FROM_CONFIG = {"clip_eps": "epsilon", "beta": "beta", "max_tokens": "max_completion_length",
@@ -70,15 +73,17 @@ def loss_settings(loss, loss_kwargs):
     loss_kwargs = dict(loss_kwargs or {})
     for key in loss_kwargs:
         if key in FROM_CONFIG:
-            source = f"GRPOConfig.{FROM_CONFIG[key]}" if FROM_CONFIG[key] else "the trainer (CW weights of whole groups)"
+            source = (f"GRPOConfig.{FROM_CONFIG[key]}" if FROM_CONFIG[key]
+                      else "the trainer (CW weights of whole groups)")
             raise ValueError(f"loss_kwargs[{key!r}] is set from {source}; do not pass it in loss_kwargs")
         if key not in params or params[key].kind != inspect.Parameter.KEYWORD_ONLY:
             options = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY and n not in FROM_CONFIG]
             raise ValueError(f"{loss} has no keyword argument {key!r}; it takes {options}")
     if loss_kwargs.get("detach", True) is not True:
-        raise ValueError("detach=False (CW-GRPO's gradient through its weights) needs micro-batches of whole groups, "
-                         "and TRL shuffles rows across micro-batches: here the weights are computed once per "
-                         "generation batch, detached (train.py --no-cw-detach has the option)")
+        raise ValueError("detach=False (CW-GRPO's gradient through its weights) needs micro-batches of "
+                         "whole groups, and TRL shuffles rows across micro-batches: here the weights are "
+                         "computed once per generation batch, detached "
+                         "(train.py --no-cw-detach has the option)")
     agg = loss_kwargs.get("agg", params["agg"].default)
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose one of {AGGREGATIONS}")
@@ -90,29 +95,31 @@ def check_config(args):
     default = lambda name: GRPOConfig.__dataclass_fields__[name].default
     problems = []
     if args.loss_type != default("loss_type"):
-        problems.append(f"loss_type={args.loss_type!r}: TRL's loss switch is replaced here; choose the loss with "
-                        "loss=... and the aggregation with loss_kwargs={'agg': ...}")
+        problems.append(f"loss_type={args.loss_type!r}: TRL's loss switch is replaced here; "
+                        "choose the loss with loss=... and the aggregation with loss_kwargs={'agg': ...}")
     if args.beta != 0 and args.use_bias_correction_kl:
-        problems.append("use_bias_correction_kl=True (TRL's default) multiplies k3 by the importance ratio; our "
-                        "losses use plain k3 (docs/METHODS.md): pass use_bias_correction_kl=False")
+        problems.append("use_bias_correction_kl=True (TRL's default) multiplies k3 by the importance ratio; "
+                        "our losses use plain k3 (docs/METHODS.md): pass use_bias_correction_kl=False")
     if args.use_vllm and args.vllm_importance_sampling_correction:
-        problems.append("vllm_importance_sampling_correction=True multiplies each token's loss by a vLLM-vs-trainer "
-                        "ratio, and our losses take no extra per-token factor: pass "
+        problems.append("vllm_importance_sampling_correction=True multiplies each token's loss by a "
+                        "vLLM-vs-trainer ratio, and our losses take no extra per-token factor: pass "
                         "vllm_importance_sampling_correction=False")
     if args.epsilon_high not in (None, args.epsilon) or args.delta is not None:
         problems.append("epsilon_high / delta (asymmetric or two-sided clipping): our losses clip at "
                         "1 +- epsilon only")
     if args.importance_sampling_level != "token":
-        problems.append("importance_sampling_level='sequence': the ratio is the loss's business (TEPO has its own "
-                        "sequence ratio)")
+        problems.append("importance_sampling_level='sequence': the ratio is the loss's business "
+                        "(TEPO has its own sequence ratio)")
     if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
-        problems.append("top_entropy_quantile / off_policy_mask_threshold: token masks our losses do not apply")
+        problems.append("top_entropy_quantile / off_policy_mask_threshold: "
+                        "token masks our losses do not apply")
     if args.entropy_coef != 0 or args.use_adaptive_entropy:
         problems.append("entropy_coef / use_adaptive_entropy: an entropy bonus our losses do not have")
     if args.steps_per_generation != args.gradient_accumulation_steps:
         problems.append(f"steps_per_generation={args.steps_per_generation} != gradient_accumulation_steps="
-                        f"{args.gradient_accumulation_steps}: one generation batch must be one optimizer step "
-                        "(train.py's batch; the token-mean scale and CW-GRPO's statistics are per batch)")
+                        f"{args.gradient_accumulation_steps}: one generation batch must be one optimizer "
+                        "step (train.py's batch; the token-mean scale and CW-GRPO's statistics are "
+                        "per batch)")
     if problems:
         raise ValueError("TokenRegGRPOTrainer cannot run with these GRPOConfig settings:"
                          + "".join(f"\n  - {p}" for p in problems))
@@ -161,14 +168,17 @@ class TokenRegGRPOTrainer(GRPOTrainer):
         logp = batch.get("old_per_token_logps")
         if logp is None:                  # on-policy TRL skips this forward pass; the weights need it
             ids, attention = _model_inputs(batch)
-            rows = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+            rows = (self.args.per_device_train_batch_size if self.model.training
+                    else self.args.per_device_eval_batch_size)
             logp, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, mask.shape[1],
                                                                  batch_size=rows)
         acc = self.accelerator
-        gather = lambda t: acc.gather(acc.pad_across_processes(t.contiguous(), dim=1))   # pads with 0 = masked out
+        # pads with 0 = masked out
+        gather = lambda t: acc.gather(acc.pad_across_processes(t.contiguous(), dim=1))
         kwargs = {k: v for k, v in self.loss_kwargs.items() if k in ("scope", "normalise")}
+        # groups: consecutive rows, as in TRL
         weights = cw_grpo_weights(gather(logp), acc.gather(batch["advantages"]), gather(mask),
-                                  self.num_generations, **kwargs)          # groups: consecutive rows, as in TRL
+                                  self.num_generations, **kwargs)
         n = mask.shape[0]
         return weights[acc.process_index * n:(acc.process_index + 1) * n, :mask.shape[1]]
 
@@ -179,7 +189,8 @@ class TokenRegGRPOTrainer(GRPOTrainer):
         ids, attention = _model_inputs(inputs)
         mask = _loss_mask(inputs)
         logp, entropy, aux_loss = self._get_per_token_logps_and_entropies(
-            model, ids, attention, mask.shape[1], compute_entropy=True, compute_aux_loss=self.aux_loss_enabled)
+            model, ids, attention, mask.shape[1], compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled)
         mask = mask.to(logp.dtype)
         old_logp = inputs.get("old_per_token_logps")          # present only when the batch is off-policy
         old_logp = logp.detach() if old_logp is None else old_logp
@@ -249,7 +260,8 @@ def gsm8k_reward(completions, answer, log_metric=None, **kwargs):
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]   # text or chat messages
     golds = [rewards.gold_answer(a) for a in answer]
     if log_metric is not None:
-        log_metric("accuracy", sum(rewards.correctness_reward(t, g) for t, g in zip(texts, golds)) / len(texts))
+        correct = sum(rewards.correctness_reward(t, g) for t, g in zip(texts, golds))
+        log_metric("accuracy", correct / len(texts))
     return [rewards.reward(t, g) for t, g in zip(texts, golds)]
 
 
@@ -266,7 +278,8 @@ def load_dataset(source, n, level=1):
         problems = data.make_synthetic(n, level=level, seed=0)
     else:
         problems = data.load_gsm8k("train", source)
-    return Dataset.from_list([{"prompt": data.build_messages(p["question"]), "answer": p["answer"]} for p in problems])
+    return Dataset.from_list([{"prompt": data.build_messages(p["question"]), "answer": p["answer"]}
+                              for p in problems])
 
 
 class JsonlLog(TrainerCallback):
@@ -295,8 +308,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=500, help="optimizer steps = generation batches")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
-    p.add_argument("--prompts-per-step", type=int, default=16, help="prompts per batch over all processes (P)")
-    p.add_argument("--micro-batch", type=int, default=0, help="rows per forward/backward and process; 0 = all")
+    p.add_argument("--prompts-per-step", type=int, default=16,
+                   help="prompts per batch over all processes (P)")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="rows per forward/backward and process; 0 = all")
     p.add_argument("--max-new-tokens", type=int, default=400)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient; 0 = no reference model")
@@ -304,7 +319,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (float32 master weights), on GPUs")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is visible")
-    p.add_argument("--vllm", action="store_true", help="sample with vLLM (colocated); needs `pip install vllm`")
+    p.add_argument("--vllm", action="store_true",
+                   help="sample with vLLM (colocated); needs `pip install vllm`")
     return p.parse_args(argv)
 
 
@@ -313,16 +329,19 @@ def make_config(a, processes):
     rows = a.prompts_per_step * a.group_size
     micro = a.micro_batch or rows // processes
     if a.group_size < 2 or rows % (micro * processes):
-        raise SystemExit(f"error: the batch ({a.prompts_per_step} prompts x {a.group_size} = {rows} rows) must split "
-                         f"into {processes} process(es) x --micro-batch {micro} x an integer, and --group-size >= 2")
+        raise SystemExit(f"error: the batch ({a.prompts_per_step} prompts x {a.group_size} = {rows} rows) "
+                         f"must split into {processes} process(es) x --micro-batch {micro} x an integer, "
+                         "and --group-size >= 2")
     return GRPOConfig(
         output_dir=a.output_dir, max_steps=a.steps, seed=a.seed, learning_rate=a.lr,
         per_device_train_batch_size=micro, gradient_accumulation_steps=rows // (micro * processes),
         num_generations=a.group_size, max_completion_length=a.max_new_tokens,
-        temperature=a.temperature, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,  # sample what we score
+        # sample what we score
+        temperature=a.temperature, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
         beta=a.beta, use_bias_correction_kl=False,           # plain k3, as in losses.py
         epsilon=0.2, scale_rewards="group", disable_dropout=True,
-        lr_scheduler_type="constant", adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,   # train.py's AdamW
+        # train.py's AdamW
+        lr_scheduler_type="constant", adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
         use_cpu=a.cpu or not torch.cuda.is_available(), bf16=a.bf16,
         use_vllm=a.vllm, vllm_mode="colocate", vllm_importance_sampling_correction=False,
         logging_steps=1, save_strategy="no", report_to="none")
@@ -335,7 +354,8 @@ def main(argv=None):
     config = make_config(a, processes)
     Path(a.output_dir).mkdir(parents=True, exist_ok=True)
     trainer = TokenRegGRPOTrainer(
-        model=a.model, reward_funcs=gsm8k_reward, args=config, processing_class=models.load_tokenizer(a.model),
+        model=a.model, reward_funcs=gsm8k_reward, args=config,
+        processing_class=models.load_tokenizer(a.model),
         train_dataset=load_dataset(a.data, a.steps * a.prompts_per_step, a.level),
         callbacks=[JsonlLog(Path(a.output_dir) / "metrics.jsonl")],
         loss=a.loss, loss_kwargs={"agg": a.agg} if a.agg else None)

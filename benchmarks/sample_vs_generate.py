@@ -1,6 +1,8 @@
-"""sampling.sample() (what train.rollout calls) against transformers' generate(): same prompts, seed and knobs, back to back.
+"""sampling.sample() (what train.rollout calls) against transformers' generate(): same prompts,
+seed and knobs, back to back.
 
-    python benchmarks/sample_vs_generate.py          # the four settings in the README (about 5 min on 2 cores)
+    # the four settings in the README (about 5 min on 2 cores)
+    python benchmarks/sample_vs_generate.py
 
 "generate()" is what rollout() ran before sample(): each prompt prefilled once into a
 DynamicCache, repeated for its group, then `model.generate()`. Prints the seconds of each,
@@ -64,14 +66,17 @@ def compare(name, model_dir, prompts, group_size, tokens, temperature, greedy, r
         lengths = lambda m: f"mean {m.sum(1).mean():.1f} max {m.sum(1).max():.0f}"
         same = f"same tokens: {torch.equal(a, b)}" if greedy else \
             f"lengths: generate {lengths(train.completion_mask(a, sampling.eos_ids(model, tok))[0])}, sample"
-        print(f"{name:9s} {prompts} x {group_size}, {'greedy' if greedy else f'T = {temperature}'}, {tokens} tokens: "
-              f"generate {t_generate:6.2f} s   sample {t_sample:6.2f} s   ratio {t_sample / t_generate:.2f}   "
-              f"{same} {lengths(mask)}", flush=True)
+        mode = "greedy" if greedy else f"T = {temperature}"
+        print(f"{name:9s} {prompts} x {group_size}, {mode}, {tokens} tokens: "
+              f"generate {t_generate:6.2f} s   sample {t_sample:6.2f} s   "
+              f"ratio {t_sample / t_generate:.2f}   {same} {lengths(mask)}", flush=True)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=models.SMOLLM2, help="the untouched model (default: the packaged SmolLM2)")
+    # The first paragraph of the docstring (argparse joins its lines).
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=models.SMOLLM2,
+                   help="the untouched model (default: the packaged SmolLM2)")
     p.add_argument("--trained", default="runs/compare-smol/grpo-s0/final", help="a trained model's directory")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="one small setting (a smoke test)")
@@ -87,7 +92,8 @@ def main(argv=None):
         compare("trained", a.trained, 4, 8, 80, 0.7, False, repeats=2)   # the smol preset, late steps
         compare("trained", a.trained, 50, 1, 80, 0.7, True, repeats=1)   # evaluation
     else:
-        print(f"skipped the trained model: no {a.trained}/config.json (run `python compare.py --preset smol`)")
+        print(f"skipped the trained model: no {a.trained}/config.json "
+              "(run `python compare.py --preset smol`)")
     return 0
 
 

@@ -84,10 +84,12 @@ def main(argv=None):
                   updates=summarise(calls, cfg.updates_per_batch))
     Path(cfg.out, "tepo_clip.json").write_text(json.dumps(result, indent=2))
     print(f"\nTEPO's sequence ratio s over {len(calls)} steps, {cfg.updates_per_batch} updates per batch:")
-    print("update | sequences | median |log s| | 90% |log s| | max |log s| | share clipped at " + " / ".join(map(str, RANGES)))
+    print("update | sequences | median |log s| | 90% |log s| | max |log s| | "
+          "share clipped at " + " / ".join(map(str, RANGES)))
     for u in result["updates"]:
-        print(f"{u['update']:>6} | {u['sequences']:>9} | {u['median_abs_log_s']:.2e} | {u['p90_abs_log_s']:.2e} | "
-              f"{u['max_abs_log_s']:.2e} | " + " / ".join(f"{v:.3f}" for v in u["clipped"].values()))
+        print(f"{u['update']:>6} | {u['sequences']:>9} | {u['median_abs_log_s']:.2e} | "
+              f"{u['p90_abs_log_s']:.2e} | {u['max_abs_log_s']:.2e} | "
+              + " / ".join(f"{v:.3f}" for v in u["clipped"].values()))
     return rc
 
 

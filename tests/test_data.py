@@ -98,7 +98,8 @@ def test_synthetic_is_deterministic_and_seeds_differ():
     train = make_synthetic(500, 1, seed=0)
     held_out = make_synthetic(500, 1, seed=1, exclude={p["question"] for p in train})
     assert not {p["question"] for p in train} & {p["question"] for p in held_out}
-    templates = {re.sub(r"\d+|Mia|Tom|Ava|Leo|Zoe|Sam|Ivy|Max|Eli|Ana|Ben|Kim", "", p["question"]) for p in train}
+    templates = {re.sub(r"\d+|Mia|Tom|Ava|Leo|Zoe|Sam|Ivy|Max|Eli|Ana|Ben|Kim", "", p["question"])
+                 for p in train}
     assert len(templates) > 20                       # many sentence shapes, not one
     with pytest.raises(ValueError, match="level"):
         make_synthetic(5, level=4)
@@ -107,7 +108,8 @@ def test_synthetic_is_deterministic_and_seeds_differ():
 def test_render_prompt_uses_the_chat_template():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
     tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
                          "{% if add_generation_prompt %}<assistant>{% endif %}")
     text = render_prompt(tok, "What is 2+2?")
@@ -121,7 +123,8 @@ def test_wordy_solution_is_the_same_solution_written_long(level):
     for p in make_synthetic(200, level, seed=5):
         w = wordy_solution(p)
         assert w["question"] == p["question"] and w["answer"].endswith(p["answer"])
-        assert w["answer"].startswith("We start with ") and gold_answer(w["answer"]) == gold_answer(p["answer"])
+        assert w["answer"].startswith("We start with ")
+        assert gold_answer(w["answer"]) == gold_answer(p["answer"])
         assert correctness_reward(w["answer"], gold_answer(p["answer"])) == 1.0
 
 

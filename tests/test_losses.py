@@ -295,8 +295,9 @@ def test_on_policy_ratio_is_one_loss_is_weighted_advantage(name, agg):
                                      beta=0.0, agg=agg)
     assert info["ratio_mean"].item() == 1.0 and info["clip_frac"].item() == 0.0
     x, n = info["weights"] * adv[:, None] * mask, mask.sum(-1)       # every row has a token
+    # not aggregate(): it is under test too
     expected = -{"seq-mean-token-mean": (x.sum(-1) / n).mean(), "token-mean": x.sum() / n.sum(),
-                 "seq-mean-token-sum-norm": x.sum() / x.numel()}[agg]   # not aggregate(): it is under test too
+                 "seq-mean-token-sum-norm": x.sum() / x.numel()}[agg]
     assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
     assert grad.abs().sum() > 0         # the value is "just A", but the gradient is not zero
 
@@ -389,7 +390,8 @@ def test_gradcheck_cw_grpo(agg):
     # pass them precomputed.
     logp, old, ref, adv, mask, _ = random_batch(B=4, T=5)
     w = cw_grpo_weights(logp.detach(), adv, mask, 2)
-    assert torch.autograd.gradcheck(lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, weights=w)[0], (logp,))
+    assert torch.autograd.gradcheck(lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, weights=w)[0],
+                                    (logp,))
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
@@ -399,8 +401,8 @@ def test_gradcheck_cw_grpo_through_the_weights(agg, scope, normalise):
     # detach=False: the weights move with logp, through c (and the row means), sigma and sum(w).
     logp, old, ref, _, mask, _ = random_batch(B=4, T=5)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])
-    f = lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, group_size=2, scope=scope, normalise=normalise,
-                               detach=False)[0]
+    f = lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, group_size=2, scope=scope,
+                               normalise=normalise, detach=False)[0]
     assert torch.autograd.gradcheck(f, (logp,))
     fixed = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, agg=agg, group_size=2, scope=scope,
                           normalise=normalise)
@@ -559,7 +561,8 @@ def test_cw_group_weights_are_split_invariant_over_whole_groups(agg, normalise, 
     x, total = logp.detach().clone().requires_grad_(), 0.0
     for rows in (slice(0, 3), slice(3, 9), slice(9, 12)):       # 1, 2 and 1 groups
         m = trim(mask[rows], mask[rows])
-        loss, info = cw_grpo_loss(trim(x[rows], m), trim(old[rows], m), trim(ref[rows], m), adv[rows], m, **opts)
+        loss, info = cw_grpo_loss(trim(x[rows], m), trim(old[rows], m), trim(ref[rows], m), adv[rows], m,
+                                  **opts)
         assert torch.allclose(info["weights"], full_info["weights"][rows, :m.shape[1]], atol=1e-14, rtol=0)
         loss = loss * microbatch_scale(agg, m, mask)
         loss.backward()
@@ -612,7 +615,8 @@ def test_cw_grpo_with_their_two_options_is_the_authors_loss(beta):
         y, theirs, weights = logp.clone().requires_grad_(), [], torch.zeros(B, T)
         for first in range(0, B, G):      # one call per group, each group as wide as its longest completion
             rows, width = slice(first, first + G), int(mask[first:first + G].sum(1).max())
-            loss, w = authors_group_loss(y[rows, :width], ref[rows, :width], adv[rows], mask[rows, :width], beta)
+            loss, w = authors_group_loss(y[rows, :width], ref[rows, :width], adv[rows], mask[rows, :width],
+                                         beta)
             theirs.append(loss)
             weights[rows, :width] = w.detach()
         want = torch.stack(theirs).mean()  # = the batch's seq-mean-token-mean: every group has G rows
@@ -623,7 +627,8 @@ def test_cw_grpo_with_their_two_options_is_the_authors_loss(beta):
         # ...and each of the two options matters (so this test can fail).
         ours = loss_and_grad(cw_grpo_loss, logp, logp, ref, adv, mask, beta=beta, group_size=G, detach=False)
         assert got.item() != pytest.approx(ours[0].item(), rel=1e-6)
-        ours = loss_and_grad(cw_grpo_loss, logp, logp, ref, adv, mask, beta=beta, group_size=G, normalise="padded")
+        ours = loss_and_grad(cw_grpo_loss, logp, logp, ref, adv, mask, beta=beta, group_size=G,
+                             normalise="padded")
         assert ours[0].item() == pytest.approx(got.item(), rel=1e-12)    # the value: w is the same
         assert not torch.allclose(ours[1], grad, rtol=1e-6)               # the gradient: w's own path is gone
 
@@ -690,7 +695,8 @@ def test_matches_independent_implementation(name, agg, beta):
         want, w, M = reference_loss(name, x, old, ref, adv, mask, entropy, beta, agg, group)
         want.backward()
         extra = {"group_size": group} if group else {}
-        got, grad, info = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, beta=beta, agg=agg, **extra)
+        got, grad, info = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, beta=beta, agg=agg,
+                                        **extra)
         assert got.item() == pytest.approx(want.item(), rel=1e-6, abs=1e-12)
         assert torch.allclose(grad, x.grad, rtol=1e-6, atol=1e-12)
         for (i, t), v in w.items():
@@ -749,7 +755,7 @@ def test_the_written_out_gradient_passes_gradcheck():
     assert torch.autograd.gradcheck(f, (logits,))
     bf16 = logits.detach().to(torch.bfloat16).requires_grad_()
     losses._TokenLogprobs.apply(bf16, tokens, 1.0)[0].sum().backward()
-    assert bf16.grad.dtype == torch.bfloat16                     # the gradient comes back in the logits' dtype
+    assert bf16.grad.dtype == torch.bfloat16             # the gradient comes back in the logits' dtype
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -780,7 +786,8 @@ def test_token_logprobs_equals_the_plain_autograd_computation(dtype, tol, monkey
 def test_temperature_matters_and_entropy_is_of_the_full_distribution():
     logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0]]])
     tokens = torch.tensor([[0]])
-    assert token_logprobs(logits, tokens, 1.0)[0].item() != pytest.approx(token_logprobs(logits, tokens, 0.5)[0].item())
+    assert (token_logprobs(logits, tokens, 1.0)[0].item()
+            != pytest.approx(token_logprobs(logits, tokens, 0.5)[0].item()))
     p = torch.softmax(logits[0, 0], -1)
     logp, h = token_logprobs(logits, tokens)
     assert h.item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)

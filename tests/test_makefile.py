@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 def make(tmp_path, *args, env=None, **extra_env):
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "MAKEFLAGS")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "MAKEFLAGS")}
     return subprocess.run(["make", *args], cwd=tmp_path, capture_output=True, text=True,
                           env={**(env or base), **extra_env})
 
@@ -39,10 +40,12 @@ def test_without_python3_venv_one_line_says_what_to_install(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "python3"
-    fake.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3"; echo "ensurepip is not available" >&2;'
+    fake.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3"; '
+                    'echo "ensurepip is not available" >&2;'
                     f' exit 1; fi\nexec {shutil.which("python3")} "$@"\n')
     fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "MAKEFLAGS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "MAKEFLAGS")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = make(tmp_path, "setup", env=env)
     assert result.returncode != 0

@@ -31,7 +31,8 @@ def test_conversion_gives_the_gguf_model_exactly(smol_dir):
     assert type(model).__name__ == "LlamaForCausalLM" and not hasattr(model.config, "quantization_config")
     assert sum(p.numel() for p in model.parameters()) == 134_515_008 and len(tok) == 49_152
     assert tok.eos_token == tok.pad_token == "<|im_end|>"
-    text = train.data.render_prompt(tok, "Mia has 3 pens and buys 4 more. How many pens?") + "3 + 4 = 7\n#### 7"
+    prompt = train.data.render_prompt(tok, "Mia has 3 pens and buys 4 more. How many pens?")
+    text = prompt + "3 + 4 = 7\n#### 7"
     assert tok(text)["input_ids"] == direct_tok(text)["input_ids"]
     assert train.data.render_prompt(tok, "x") == train.data.render_prompt(direct_tok, "x")
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
@@ -86,13 +87,14 @@ def test_a_package_transformers_asks_for_is_named_not_blamed_on_the_file(tmp_pat
     with pytest.raises(SystemExit) as error:
         models.gguf_to_hf(models.smollm2_gguf(), tmp_path / "converted")
     message = str(error.value)
-    assert "a package is missing" in message and "pip install accelerate" in message and "damaged" not in message
+    assert "a package is missing" in message and "pip install accelerate" in message
+    assert "damaged" not in message
 
 
 @pytest.mark.slow
 def test_one_grpo_step_of_the_real_model(smol_dir, capsys):
-    cfg = train.parse_config(["--preset", "smol", "--prompts-per-step", "2", "--group-size", "3", "--micro-batch", "3",
-                              "--max-new-tokens", "24", "--lr", "1e-5"])
+    cfg = train.parse_config(["--preset", "smol", "--prompts-per-step", "2", "--group-size", "3",
+                              "--micro-batch", "3", "--max-new-tokens", "24", "--lr", "1e-5"])
     policy, tok = train.load_model(cfg, torch.device("cpu"))
     problems = train.load_problems(cfg)[0][:2]
     opt = train.make_optimizer(policy, cfg)

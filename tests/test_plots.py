@@ -16,14 +16,16 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def make_run(root, loss, seed, steps=12, partial=False, samples=True):
     run = root / f"{loss}-s{seed}"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"loss": loss, "seed": seed, "preset": "tiny", "group_size": 4}))
+    config = {"loss": loss, "seed": seed, "preset": "tiny", "group_size": 4}
+    (run / "config.json").write_text(json.dumps(config))
     lines = [json.dumps({"step": 0, "eval_accuracy": 0.2, "eval_strict": 0.05, "eval_n": 500})]
     for s in range(1, steps + 1):
-        lines.append(json.dumps({"step": s, "loss": 0.01 * s, "reward": 0.2 + 0.02 * s, "entropy": 1.0 - 0.01 * s * (seed + 1),
-                                 "grad_norm": 0.5 + (s % 3), "kl": 0.001 * s, "truncated_frac": 0.1 * seed,
+        lines.append(json.dumps({"step": s, "loss": 0.01 * s, "reward": 0.2 + 0.02 * s,
+                                 "entropy": 1.0 - 0.01 * s * (seed + 1), "grad_norm": 0.5 + (s % 3),
+                                 "kl": 0.001 * s, "truncated_frac": 0.1 * seed,
                                  "clip_frac": 0.01 * (s == 1)}))
-    lines.append(json.dumps({"step": steps, "eval_accuracy": 0.3 + 0.1 * seed, "eval_strict": 0.1 + 0.1 * seed,
-                             "eval_n": 500}))
+    lines.append(json.dumps({"step": steps, "eval_accuracy": 0.3 + 0.1 * seed,
+                             "eval_strict": 0.1 + 0.1 * seed, "eval_n": 500}))
     text = "\n".join(lines) + "\n"
     if partial:
         text += '{"step": 13, "loss": 0.1, "rew'          # a run still writing its next line
@@ -39,8 +41,8 @@ TOKENS = [["7", "+", "5", "=", "1", "2", "\n", "#", "#", "#", "#", " ", "1", "2"
           ["$x^2$", " ", "=", " ", "4", "<|endoftext|>", "", "", "", "", "", "", "", "", ""]]
 MASK = [[1] * 15, [1] * 15, [1] * 12 + [0] * 3, [1] * 6 + [0] * 9]
 g = torch.Generator().manual_seed(0)
-SAMPLE = {"step": 10, "prompt": "Q: Mia has 7 $apples$ and buys 5 more.\nA: ", "completions": ["a", "b", "c", "d"],
-          "tokens": TOKENS, "mask": MASK,
+SAMPLE = {"step": 10, "prompt": "Q: Mia has 7 $apples$ and buys 5 more.\nA: ",
+          "completions": ["a", "b", "c", "d"], "tokens": TOKENS, "mask": MASK,
           "logp": torch.log(torch.rand(4, 15, generator=g) * 0.98 + 0.01).tolist(),
           "entropy": (torch.rand(4, 15, generator=g) * 2).tolist(),
           "advantages": [1.3, -0.4, 0.5, -1.4], "rewards": [1.1, 0.0, 1.0, 0.0]}
@@ -91,7 +93,8 @@ def test_token_weight_rows_are_what_the_losses_return():
     for name, fn in LOSSES.items():
         _, info = fn(logp, logp, None, adv, mask, entropy, beta=0.0)
         assert torch.equal(weights[name][0], info["weights"])
-    assert torch.equal(weights["tepo"][1], LOSSES["tepo"](logp, logp, None, adv, mask, entropy, beta=0.0)[1]["kl_mask"])
+    _, tepo_info = LOSSES["tepo"](logp, logp, None, adv, mask, entropy, beta=0.0)
+    assert torch.equal(weights["tepo"][1], tepo_info["kl_mask"])
     assert not torch.equal(weights["tr_grpo"][0], weights["grpo"][0])
 
 
@@ -184,6 +187,7 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     assert plots.main([str(r) for r in runs] + ["--out", str(tmp_path), "--table"]) == 0
     readme = (repo / "README.md").read_text(encoding="utf-8")
     rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(rows) == 2 * (1 + len(LOSSES)) and all(row in readme for row in rows), "README table != make figures"
+    assert len(rows) == 2 * (1 + len(LOSSES)) and all(row in readme for row in rows), \
+        "README table != make figures"
     for name in ["summary.png", "token_weights.png"]:
         assert_png(repo / "docs" / figures / name)

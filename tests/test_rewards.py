@@ -62,7 +62,8 @@ def test_format_and_combined_reward():
     ("4 MB of prose", "The farmer counts the sheep again. " * 120_000, None, 0.0),
     ("\\boxed{ x 100k, then the answer", "\\boxed{" * 100_000 + "\n#### 5", "5", 1.0),
     ("'answer is' x 100k, then 5", "the answer is " * 100_000 + "5", "5", 0.0),
-    ("4 MB of prose, then the answer", "The farmer counts the sheep again. " * 120_000 + "\n#### 5", "5", 1.0),
+    ("4 MB of prose, then the answer",
+     "The farmer counts the sheep again. " * 120_000 + "\n#### 5", "5", 1.0),
 ])
 def test_hostile_inputs_get_the_right_grade(name, text, answer, formatted):
     """Megabytes of adversarial output: no exception, no catastrophic backtracking (each case
@@ -79,7 +80,8 @@ def test_every_gsm8k_gold_solution_grades_as_correct(split):
     if not path.exists():
         pytest.skip(f"{path} not present (the shared data folder sits beside the repo)")
     rows = [json.loads(line) for line in path.open(encoding="utf-8") if line.strip()]
-    wrong = [r["answer"][-60:] for r in rows if correctness_reward(r["answer"], gold_answer(r["answer"])) != 1.0]
+    wrong = [r["answer"][-60:] for r in rows
+             if correctness_reward(r["answer"], gold_answer(r["answer"])) != 1.0]
     assert len(rows) == {"train": 7473, "test": 1319}[split]
     assert wrong == []
 

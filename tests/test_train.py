@@ -23,8 +23,9 @@ from losses import LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gsm8k.jsonl"
-FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch", "40", "--prompts-per-step", "4",
-        "--group-size", "4", "--micro-batch", "16", "--max-new-tokens", "16", "--eval-every", "0", "--sample-every", "2"]
+FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch", "40",
+        "--prompts-per-step", "4", "--group-size", "4", "--micro-batch", "16", "--max-new-tokens", "16",
+        "--eval-every", "0", "--sample-every", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,9 @@ def test_tiny_run_end_to_end(tmp_path, warm):
     assert [l["step"] for l in train_lines] == [1, 2, 3, 4]
     assert [l["step"] for l in evals] == [0, 4] and all(l["eval_n"] == 40 for l in evals)
     assert all(0 <= l["eval_strict"] <= l["eval_accuracy"] for l in evals)
-    required = {"step", "loss", "reward", "reward_std", "frac_zero_std", "entropy", "grad_norm", "kl", "clip_frac",
-                "weight_mean", "completion_len", "truncated_frac", "step_time", "gen_time", "peak_mem_gb"}
+    required = {"step", "loss", "reward", "reward_std", "frac_zero_std", "entropy", "grad_norm", "kl",
+                "clip_frac", "weight_mean", "completion_len", "truncated_frac", "step_time", "gen_time",
+                "peak_mem_gb"}
     assert all(required <= set(l) for l in train_lines)
     assert all(torch.isfinite(torch.tensor(l["loss"])) and l["entropy"] > 0 for l in train_lines)
     cfg = json.loads((out / "config.json").read_text())
@@ -69,7 +71,8 @@ def test_tiny_run_end_to_end(tmp_path, warm):
     assert [s["step"] for s in samples] == [2, 4]
     s = samples[0]
     assert len(s["completions"]) == len(s["tokens"]) == len(s["logp"]) == len(s["mask"]) == 4
-    assert all(len(t) == len(m) == len(lp) == len(e) for t, m, lp, e in zip(s["tokens"], s["mask"], s["logp"], s["entropy"]))
+    assert all(len(t) == len(m) == len(lp) == len(e)
+               for t, m, lp, e in zip(s["tokens"], s["mask"], s["logp"], s["entropy"]))
     assert (out / "ckpt" / "last.pt").exists()
 
 
@@ -84,7 +87,8 @@ def test_the_seed_alone_fixes_a_run_whether_or_not_its_model_was_cached(tmp_path
         assert train.main(FAST + ["--out", str(out), "--steps", "2", "--beta", "0"]) == 0
     assert len(list(tmp_path.glob("warmstart-tiny-*"))) == 1          # built once, then reused
     drop = ("time", "tokens_per_s", "mfu", "peak_mem_gb")
-    first, second = ([{k: v for k, v in l.items() if not any(d in k for d in drop)} for l in read(out / "metrics.jsonl")]
+    first, second = ([{k: v for k, v in l.items() if not any(d in k for d in drop)}
+                      for l in read(out / "metrics.jsonl")]
                      for out in runs)
     assert first == second and len(first) == 4                        # eval, 2 steps, eval
     assert read(runs[0] / "samples.jsonl") == read(runs[1] / "samples.jsonl")
@@ -168,7 +172,8 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path, warm, m
     assert [s for s, _, _ in losses_and_rewards(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3]
     monkeypatch.setattr(train, "grpo_step", real_step)
     assert run(args + ["--out", str(tmp_path / "b"), "--resume"], warm) == 0
-    a, b = losses_and_rewards(tmp_path / "a" / "metrics.jsonl"), losses_and_rewards(tmp_path / "b" / "metrics.jsonl")
+    a = losses_and_rewards(tmp_path / "a" / "metrics.jsonl")
+    b = losses_and_rewards(tmp_path / "b" / "metrics.jsonl")
     assert [s for s, _, _ in b] == [1, 2, 3, 4, 5, 6]       # step 3 re-run once, not logged twice
     assert a == b                                            # bit-for-bit on CPU
 
@@ -190,7 +195,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path, warm, monkeypa
     assert torch.load(tmp_path / "b" / "ckpt" / "last.pt", weights_only=True)["step"] == 2
     monkeypatch.setattr(train, "grpo_step", real_step)
     assert run(args + ["--out", str(tmp_path / "b"), "--resume"], warm) == 0
-    assert losses_and_rewards(tmp_path / "a" / "metrics.jsonl") == losses_and_rewards(tmp_path / "b" / "metrics.jsonl")
+    assert (losses_and_rewards(tmp_path / "a" / "metrics.jsonl")
+            == losses_and_rewards(tmp_path / "b" / "metrics.jsonl"))
 
 
 def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypatch):
@@ -251,7 +257,8 @@ def test_model_that_cannot_be_loaded_offline_points_to_tiny(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     for split in ("train", "test"):
         (tmp_path / f"{split}.jsonl").write_text(FIXTURE.read_text())
-    p = subprocess.run([sys.executable, "train.py", "--preset", "qwen-0.5b", "--model", "no-such-org/no-such-model",
+    p = subprocess.run([sys.executable, "train.py", "--preset", "qwen-0.5b",
+                        "--model", "no-such-org/no-such-model",
                         "--data", str(tmp_path), "--out", str(tmp_path / "q")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "--preset tiny" in p.stderr, p.stderr[-2000:]
@@ -281,7 +288,8 @@ def test_checkpoint_sampling_defaults_cannot_leak(tiny):
     cfg, model, tok = tiny
     model.generation_config = GenerationConfig(do_sample=True, top_k=20, top_p=0.8, repetition_penalty=1.05,
                                                temperature=0.3)          # what Qwen2.5-Instruct ships
-    enc = tok(["Q: Mia has 3 pens.\nA: ", "Q: 1+1?\nA: "], return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tok(["Q: Mia has 3 pens.\nA: ", "Q: 1+1?\nA: "], return_tensors="pt", padding=True,
+              add_special_tokens=False)
     gen = sampling.generation_config(model, tok, cfg)
     gen.update(output_scores=True, output_logits=True, return_dict_in_generate=True)
     model.generation_config = gen
@@ -304,7 +312,8 @@ def test_scoring_matches_the_sampling_distribution(tiny):
     model.generation_config = gen
     out = model.generate(**enc, generation_config=gen)
     completions = out.sequences[:, enc["input_ids"].shape[1]:]
-    sampled = torch.log_softmax(torch.stack(out.logits, 1) / 0.7, -1).gather(-1, completions[..., None])[..., 0]
+    vocab_logp = torch.log_softmax(torch.stack(out.logits, 1) / 0.7, -1)
+    sampled = vocab_logp.gather(-1, completions[..., None])[..., 0]
     mask, truncated = train.completion_mask(completions, sampling.eos_ids(model, tok))
     batch = train.Rollout(enc["input_ids"], enc["attention_mask"], completions, mask, truncated)
     logp, entropy = scoring.score_no_grad(model, batch, cfg)
@@ -329,17 +338,20 @@ def test_ratio_is_one_before_the_first_update_and_warns_otherwise(tiny, capsys):
     assert "ratio is not 1" in capsys.readouterr().err
 
 
-CW_OPTIONS = {"cw_grpo, theirs": dict(cw_normalise="padded", cw_detach=False),     # weights in each micro-batch
-              "cw_grpo, batch scope": dict(cw_scope="batch")}
+CW_OPTIONS = {
+    "cw_grpo, theirs": dict(cw_normalise="padded", cw_detach=False),     # weights in each micro-batch
+    "cw_grpo, batch scope": dict(cw_scope="batch")}
 
 
 @pytest.mark.parametrize("loss", list(LOSSES) + list(CW_OPTIONS))
 def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss, monkeypatch):
     cfg, model, tok = tiny
-    if loss in CW_OPTIONS:             # micro-batch 4 = one group of 4: the weights of --no-cw-detach are exact
+    # micro-batch 4 = one group of 4: the weights of --no-cw-detach are exact
+    if loss in CW_OPTIONS:
         cfg, loss = dataclasses.replace(cfg, **CW_OPTIONS[loss]), "cw_grpo"
     problems = train.load_problems(cfg)[0][:4]
-    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    # mixed rewards
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))
     ref = copy.deepcopy(model).requires_grad_(False)
     with torch.no_grad():
         for p in ref.parameters():
@@ -362,7 +374,8 @@ def test_cw_grpo_weights_are_per_group_of_the_step(tiny, monkeypatch):
     policy's log-probs; with --no-cw-detach, the loss computes the same from the live log-probs."""
     cfg, model, tok = tiny
     problems = train.load_problems(cfg)[0][:4]
-    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    # mixed rewards
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))
     calls, real = [], LOSSES["cw_grpo"]
 
     @functools.wraps(real)
@@ -401,7 +414,8 @@ def test_lora_reference_is_the_base_with_adapters_disabled(warm, monkeypatch):
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     problems = train.load_problems(cfg)[0][:4]
-    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    # mixed rewards
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))
     torch.manual_seed(1)
     for _ in range(2):                                   # LoRA's B starts at 0: step twice
         metrics, _ = train.grpo_step(policy, None, tok, opt, sched, problems, cfg, torch.device("cpu"))
@@ -458,7 +472,8 @@ t = time.time()
 m, _ = train.grpo_step(policy, ref, tok, opt, sched, problems, cfg, torch.device("cpu"))
 changed = not torch.equal(before, policy.model.layers[0].mlp.up_proj.weight)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-print(f"RESULT peak_rss_gib={peak:.2f} step_s={time.time() - t:.1f} params={sum(p.numel() for p in policy.parameters())} "
+print(f"RESULT peak_rss_gib={peak:.2f} step_s={time.time() - t:.1f} "
+      f"params={sum(p.numel() for p in policy.parameters())} "
       f"loss={m['loss']:.4f} grad_norm={m['grad_norm']:.3f} entropy={m['entropy']:.3f} changed={changed}")
 """
 
@@ -479,10 +494,12 @@ def test_full_size_qwen_step_on_cpu_in_bf16():
 def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
     import benchmarks.tepo_clip as bench
     assert bench.main(FAST + ["--init", warm, "--steps", "2", "--out", str(tmp_path / "run")]) == 0
-    assert train.LOSSES["tepo"] is bench.losses.tepo_loss and train.grpo_step.__name__ == "grpo_step"   # restored
+    # restored after the benchmark patched them
+    assert train.LOSSES["tepo"] is bench.losses.tepo_loss and train.grpo_step.__name__ == "grpo_step"
     first, second = json.loads((tmp_path / "run" / "tepo_clip.json").read_text())["updates"]
     assert first["sequences"] == second["sequences"] == 2 * 4 * 4           # steps x prompts x group
-    assert first["max_abs_log_s"] == 0.0 and set(first["clipped"].values()) == {0.0}   # on policy: s is exactly 1
+    # on policy: s is exactly 1
+    assert first["max_abs_log_s"] == 0.0 and set(first["clipped"].values()) == {0.0}
     assert second["max_abs_log_s"] > 0.0                                    # after one update it moved
     shares = list(second["clipped"].values())                               # ranges from wide to narrow
     assert shares == sorted(shares) and shares[-1] > 0.0
@@ -491,7 +508,8 @@ def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
 def test_evaluate_counts_right_answers_and_strictly_right_ones(monkeypatch):
     texts = ["5 + 0 = 5\n#### 5", "The answer is 5.", "#### 4", "2 + 3 = 5"]     # strict, right, wrong, right
     problems = [{"question": f"q{i}", "answer": "... #### 5"} for i in range(4)]
-    monkeypatch.setattr(train, "rollout", lambda model, tok, questions, cfg, greedy: train.Rollout(*[None] * 5))
+    monkeypatch.setattr(train, "rollout",
+                        lambda model, tok, questions, cfg, greedy: train.Rollout(*[None] * 5))
     monkeypatch.setattr(train, "decode", lambda tok, completions, mask: texts)
     cfg = train.parse_config(["--preset", "tiny", "--eval-batch", "4"])
     assert train.evaluate(None, None, problems, cfg) == (0.75, 0.25)

@@ -33,8 +33,8 @@ def tiny_dir(path):
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=None)
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, bos_token_id=None)
     Qwen2ForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
@@ -57,10 +57,11 @@ def digit_reward(completions, **kwargs):
 
 def config(tmp_path, **overrides):
     """A small GRPOConfig: 4 prompts x 4 completions = 16 rows per step, 12 new tokens."""
-    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, gradient_accumulation_steps=1,
-                  num_generations=4, max_completion_length=12, max_steps=1, learning_rate=1e-3, beta=0.04,
-                  use_bias_correction_kl=False, max_grad_norm=0.0, logging_steps=1, save_strategy="no",
-                  report_to="none", use_cpu=True, seed=0, disable_dropout=True, dataloader_num_workers=0)
+    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=16,
+                  gradient_accumulation_steps=1, num_generations=4, max_completion_length=12, max_steps=1,
+                  learning_rate=1e-3, beta=0.04, use_bias_correction_kl=False, max_grad_norm=0.0,
+                  logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+                  disable_dropout=True, dataloader_num_workers=0)
     values.update(overrides)
     return trl.GRPOConfig(**values)
 
@@ -81,7 +82,8 @@ class GradCapture(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         if self.grad is None:
-            self.grad = torch.cat([p.grad.flatten().clone() for p in model.parameters() if p.grad is not None])
+            self.grad = torch.cat([p.grad.flatten().clone() for p in model.parameters()
+                                   if p.grad is not None])
 
 
 def spy_on(monkeypatch, name):
@@ -138,7 +140,8 @@ def test_unsupported_trl_options(model_dir, tmp_path, overrides, message):
 
 def test_vllm_importance_sampling_is_refused(tmp_path):
     args = config(tmp_path)
-    args.use_vllm, args.vllm_importance_sampling_correction = True, True    # no vLLM here: check the config only
+    # no vLLM here: check the config only
+    args.use_vllm, args.vllm_importance_sampling_correction = True, True
     with pytest.raises(ValueError, match="vllm_importance_sampling_correction=False"):
         trl_grpo.check_config(args)
 
@@ -173,15 +176,16 @@ def test_grpo_equals_trl_own_loss(model_dir, tmp_path, loss_type, agg):
     common = dict(per_device_train_batch_size=8, gradient_accumulation_steps=2)
     a = make_trainer(model_dir, tmp_path, loss="grpo", loss_kwargs={"agg": agg}, callbacks=[ours], **common)
     a.train()
-    b = make_trainer(model_dir, tmp_path, trainer_cls=trl.GRPOTrainer, callbacks=[theirs], loss_type=loss_type,
-                     **common)
+    b = make_trainer(model_dir, tmp_path, trainer_cls=trl.GRPOTrainer, callbacks=[theirs],
+                     loss_type=loss_type, **common)
     b.train()
     la, lb = a.state.log_history[0], b.state.log_history[0]
     assert la["num_tokens"] == lb["num_tokens"] and la["reward"] == lb["reward"]     # the same samples
     d_loss, d_norm = abs(la["loss"] - lb["loss"]), abs(la["grad_norm"] - lb["grad_norm"])
     d_grad = (ours.grad - theirs.grad).abs().max().item()
     print(f"\n{loss_type} vs ours ({agg}): loss {la['loss']:.6g} vs {lb['loss']:.6g} (diff {d_loss:.2e}); "
-          f"grad norm {la['grad_norm']:.6g} vs {lb['grad_norm']:.6g} (diff {d_norm:.2e}); max |grad diff| {d_grad:.2e}")
+          f"grad norm {la['grad_norm']:.6g} vs {lb['grad_norm']:.6g} (diff {d_norm:.2e}); "
+          f"max |grad diff| {d_grad:.2e}")
     assert la["grad_norm"] > 1e-3
     assert d_loss < 1e-6 and d_norm < 1e-5 * la["grad_norm"] and d_grad < 1e-6
 
@@ -198,9 +202,9 @@ def test_accumulation_gives_the_whole_batch_gradient(model_dir, tmp_path, agg):
     grads, samples = {}, {}
     for accum in (1, 4):
         capture = GradCapture()
-        trainer = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"agg": agg}, callbacks=[capture],
-                               per_device_train_batch_size=16 // accum, gradient_accumulation_steps=accum,
-                               model_init_kwargs={"dtype": torch.float64})
+        trainer = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"agg": agg},
+                               callbacks=[capture], per_device_train_batch_size=16 // accum,
+                               gradient_accumulation_steps=accum, model_init_kwargs={"dtype": torch.float64})
         trainer.train()
         grads[accum], samples[accum] = capture.grad, trainer.state.log_history[0]["num_tokens"]
     assert samples[1] == samples[4]
@@ -218,14 +222,14 @@ def test_cw_weights_are_whole_batch_statistics(model_dir, tmp_path, monkeypatch,
     then stores old log-probs and the ratio moves off 1)."""
     calls = spy_on(monkeypatch, "cw_grpo")
     trainer = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"scope": "batch"},
-                           per_device_train_batch_size=4, gradient_accumulation_steps=4, num_iterations=iterations,
-                           max_steps=iterations)
+                           per_device_train_batch_size=4, gradient_accumulation_steps=4,
+                           num_iterations=iterations, max_steps=iterations)
     trainer.train()
     assert len(calls) == 4 * iterations
     cat = lambda key, part: torch.cat([c[key] for c in part])
     first, last = calls[:4], calls[-4:]
     used, mask = cat("weights", last), cat("mask", last)
-    batch = dict(scope="batch")                                                              # row order is irrelevant
+    batch = dict(scope="batch")                                     # row order is irrelevant
     whole = cw_grpo_weights(cat("old_logp", first), cat("adv", first), cat("mask", first), **batch)
     per_micro = torch.cat([cw_grpo_weights(c["old_logp"], c["adv"], c["mask"], **batch) for c in first])
     if iterations == 2:     # the second update saw the same rows (reshuffled): align them by sorting
@@ -240,7 +244,8 @@ def test_cw_weights_are_whole_batch_statistics(model_dir, tmp_path, monkeypatch,
     print(f"\nCW weights used (update {iterations}) vs whole batch: {d_whole:.2e}; "
           f"per-micro-batch vs whole batch: {d_micro:.3f}")
     assert d_whole < 1e-4 and d_micro > 1e-2
-    assert abs((used * mask).sum() / mask.sum() - 1) < 1e-5        # mean 1 over the batch, not per micro-batch
+    # mean 1 over the batch, not per micro-batch
+    assert abs((used * mask).sum() / mask.sum() - 1) < 1e-5
 
 
 @pytest.mark.slow
@@ -252,7 +257,8 @@ def test_cw_weights_are_per_group_of_the_generation_batch(model_dir, tmp_path, m
 
     def spy(logp, adv, mask, group_size=None, **kw):
         w = real(logp, adv, mask, group_size, **kw)
-        seen.append(dict(logp=logp.clone(), adv=adv.clone(), mask=mask.clone(), group_size=group_size, kw=kw, w=w))
+        seen.append(dict(logp=logp.clone(), adv=adv.clone(), mask=mask.clone(), group_size=group_size,
+                         kw=kw, w=w))
         return w
     monkeypatch.setattr(trl_grpo, "cw_grpo_weights", spy)
     calls = spy_on(monkeypatch, "cw_grpo")
@@ -260,7 +266,8 @@ def test_cw_weights_are_per_group_of_the_generation_batch(model_dir, tmp_path, m
                  gradient_accumulation_steps=4).train()
     (batch,) = seen
     assert batch["group_size"] == 4 and batch["kw"] == {}
-    groups = batch["adv"].view(-1, 4)                        # TRL's groups: 4 consecutive rows, advantages sum to 0
+    # TRL's groups: 4 consecutive rows, advantages sum to 0
+    groups = batch["adv"].view(-1, 4)
     assert groups.sum(1).abs().max() < 1e-5 and groups.abs().sum() > 1
     used = 0
     for c in calls:                                          # each row used carries its own row's weights
@@ -271,7 +278,8 @@ def test_cw_weights_are_per_group_of_the_generation_batch(model_dir, tmp_path, m
             assert len(rows) == 1 and torch.allclose(batch["w"][rows[0], :width] * mask, w * mask, atol=1e-5)
             used += 1
     assert used == 16
-    per_micro = torch.cat([cat_rows([real(c["old_logp"], c["adv"], c["mask"], 4)], batch["w"].shape[1]) for c in calls])
+    per_micro = torch.cat([cat_rows([real(c["old_logp"], c["adv"], c["mask"], 4)], batch["w"].shape[1])
+                           for c in calls])
     used_w = torch.cat([cat_rows([c["weights"]], batch["w"].shape[1]) for c in calls])
     assert (per_micro - used_w).abs().max() > 1e-2
 
@@ -280,8 +288,8 @@ def test_cw_weights_are_per_group_of_the_generation_batch(model_dir, tmp_path, m
 # Two processes (gloo on the CPU): the weights are the same as one process computes on the same batch.
 
 def worker(model_dir, out):
-    """Run under `accelerate launch --multi_gpu --num_processes 2` (CPU, gloo): one CW-GRPO step, then save what each
-    rank generated and which weights its loss calls used."""
+    """Run under `accelerate launch --multi_gpu --num_processes 2` (CPU, gloo): one CW-GRPO step, then
+    save what each rank generated and which weights its loss calls used."""
     torch.set_num_threads(1)
     patcher = pytest.MonkeyPatch()
     calls = spy_on(patcher, "cw_grpo")
@@ -319,8 +327,8 @@ def test_cw_weights_two_processes_equal_one_process(model_dir, tmp_path):
     # (its multi-CPU mode needs mpirun). --multi_gpu starts 2 processes (torch elastic, like torchrun), and
     # without a visible GPU they join a gloo process group on the CPU.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-           __file__, "worker", model_dir, str(tmp_path)]
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(port), __file__, "worker", model_dir, str(tmp_path)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
@@ -329,8 +337,8 @@ def test_cw_weights_two_processes_equal_one_process(model_dir, tmp_path):
     calls = [c for r in ranks for c in r["calls"]]
     width = max(c["mask"].shape[1] for c in calls)
     used, mask = cat_rows([c["weights"] for c in calls], width), cat_rows([c["mask"] for c in calls], width)
-    whole = cw_grpo_weights(cat_rows([c["old_logp"] for c in calls], width), torch.cat([c["adv"] for c in calls]), mask,
-                            scope="batch")
+    whole = cw_grpo_weights(cat_rows([c["old_logp"] for c in calls], width),
+                            torch.cat([c["adv"] for c in calls]), mask, scope="batch")
     d_used = ((used - whole) * mask).abs().max().item()
 
     # 2. One process, same batch: the trainer's own cw_weights() on both ranks' rows, as one batch.
@@ -340,7 +348,8 @@ def test_cw_weights_two_processes_equal_one_process(model_dir, tmp_path):
                   completion_ids=cat_rows([b["completion_ids"] for b in batches]),
                   completion_mask=cat_rows([b["completion_mask"] for b in batches]),
                   advantages=torch.cat([b["advantages"] for b in batches]))
-    one = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"scope": "batch"}, per_device_train_batch_size=8)
+    one = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"scope": "batch"},
+                       per_device_train_batch_size=8)
     single = one.cw_weights(merged)
     two = cat_rows([b["cw_weights"] for b in batches], single.shape[1])
     m = merged["completion_mask"].float()
@@ -349,7 +358,8 @@ def test_cw_weights_two_processes_equal_one_process(model_dir, tmp_path):
     n0 = batches[0]["advantages"].shape[0]
     own = one.cw_weights({k: v[:n0] for k, v in merged.items()})
     d_own = ((own - single[:n0]) * m[:n0]).abs().max().item()
-    print(f"\n2 processes: weights used vs whole batch {d_used:.2e}; vs one process on the same batch {d_one:.2e}; "
+    print(f"\n2 processes: weights used vs whole batch {d_used:.2e}; "
+          f"vs one process on the same batch {d_one:.2e}; "
           f"(rank 0's rows alone would differ by {d_own:.3f})")
     assert d_used < 1e-4 and d_one < 1e-4 and d_own > 1e-2
 
