@@ -70,7 +70,7 @@ class Config:
     eval_batch: int = 250
     sample_every: int = 10         # append a sampled group to samples.jsonl, print a completion
     ckpt_every: int = 25
-    device: str = "auto"           # auto | cpu | cuda
+    device: str = "auto"           # auto (CUDA, then Apple's MPS, then CPU) | cpu | cuda | mps
     dtype: str = "float32"         # float32 | bfloat16 (autocast; master weights stay float32)
     grad_checkpointing: bool = False
     lora_rank: int = 0             # > 0: train LoRA adapters (needs `pip install peft`)
@@ -120,7 +120,7 @@ def parse_config(argv=None):
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__)
             choices = {"preset": list(PRESETS), "loss": list(LOSSES), "dtype": ["float32", "bfloat16"],
-                       "device": ["auto", "cpu", "cuda"],
+                       "device": ["auto", "cpu", "cuda", "mps"],
                        "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]}.get(f.name)
             parser.add_argument(flag, type=kind, default=None, choices=choices)
     args = vars(parser.parse_args(argv))
@@ -396,5 +396,15 @@ def main(argv=None):
     return 0
 
 
+def cli():
+    """main() from the command line: an op Apple's GPU lacks gets advice instead of a traceback."""
+    try:
+        return main()
+    except NotImplementedError as e:
+        if (advice := models.mps_fallback_advice(e)) is None:
+            raise
+        raise SystemExit(f"error: {advice}") from None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
