@@ -15,6 +15,7 @@ Three sources, one return value ``(model, tokenizer)`` in float32:
 Every cache here is written to a temporary directory and renamed into place, so a crash or
 two runs starting at once never leave half a model behind.
 """
+import contextlib
 import copy
 import hashlib
 import importlib.metadata
@@ -283,6 +284,17 @@ def mps_fallback_advice(error):
                 "Run again with PYTORCH_ENABLE_MPS_FALLBACK=1 set in the environment (that operation then "
                 "runs on the CPU, the rest on MPS), or with --device cpu.")
     return None
+
+
+@contextlib.contextmanager
+def mps_advice():
+    """Inside, an op Apple's GPU lacks stops the program with mps_fallback_advice's message."""
+    try:
+        yield
+    except NotImplementedError as e:
+        if (advice := mps_fallback_advice(e)) is None:
+            raise
+        raise SystemExit(f"error: {advice}") from None
 
 
 def make_optimizer(policy, cfg):

@@ -396,15 +396,6 @@ def main(argv=None):
     return 0
 
 
-def cli():
-    """main() from the command line: an op Apple's GPU lacks gets advice instead of a traceback."""
-    try:
-        return main()
-    except NotImplementedError as e:
-        if (advice := models.mps_fallback_advice(e)) is None:
-            raise
-        raise SystemExit(f"error: {advice}") from None
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    with models.mps_advice():          # an op Apple's GPU lacks: what to do, instead of a traceback
+        sys.exit(main())

@@ -43,7 +43,7 @@ def test_the_specification_ships_with_the_repo():
 
 def test_train_py_is_the_algorithm():
     source = (REPO / "train.py").read_text(encoding="utf-8")
-    assert len(source.splitlines()) <= 400
+    assert len(source.splitlines()) <= 450
     functions = {f.name: f for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef)}
     step = functions["grpo_step"]
     assert step.end_lineno - step.lineno + 1 <= 70
