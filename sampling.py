@@ -84,7 +84,7 @@ def prefill(model, ids, attn, group_size, max_len):
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     ids, attn = ids[:, :-1], attn[:, :-1]
     model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
+          cache=cache, use_cache=True, logits_to_keep=1)
     if group_size > 1:
         keep_rows(cache, torch.arange(ids.shape[0], device=ids.device).repeat_interleave(group_size))
     return cache
@@ -115,7 +115,7 @@ def sample(model, ids, attn, cache, max_new_tokens, temperature, eos, pad):
     token = ids[:, -1]
     for t in range(max_new_tokens):
         logits = model(input_ids=token[active, None], attention_mask=attn[active, :width + t],
-                       position_ids=position[active, None], past_key_values=cache, use_cache=True).logits[:, -1]
+                       position_ids=position[active, None], cache=cache, use_cache=True).logits[:, -1]
         token = torch.full_like(token, pad)
         if temperature is None:
             token[active] = logits.argmax(-1)

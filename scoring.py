@@ -60,12 +60,12 @@ def score_sharing_prompts(model, batch, cfg):
         prompt = model(input_ids=batch.prompt_ids[firsts], attention_mask=prompt_attn[firsts],
                        position_ids=(prompt_attn[firsts].cumsum(1) - 1).clamp(min=0), use_cache=True,
                        logits_to_keep=1)                        # predicts completion token 0
-        cache = prompt.past_key_values
+        cache = prompt.cache
         cache.batch_repeat_interleave(G)                        # [B/G rows] -> [B rows], differentiable
         # The last completion token is never an input (nothing after it is scored).
         attn = torch.cat([prompt_attn, batch.mask[:, :-1].to(prompt_attn.dtype)], dim=1)
         rest = model(input_ids=completions[:, :-1], attention_mask=attn,
-                     position_ids=(attn.cumsum(1) - 1).clamp(min=0)[:, P:], past_key_values=cache,
+                     position_ids=(attn.cumsum(1) - 1).clamp(min=0)[:, P:], cache=cache,
                      use_cache=True)                            # predicts completion tokens 1..C-1
     # Token 0 is predicted by the prompt pass (the same logits for the G rows of a group).
     first = token_logprobs(prompt.logits.repeat_interleave(G, dim=0), completions[:, :1], cfg.temperature)

@@ -37,10 +37,10 @@ def with_generate(model, tok, questions, cfg, greedy, group_size):
     cache = DynamicCache(config=model.config)
     ids, attn = enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]
     model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
+          cache=cache, use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(group_size)
     enc = {k: v.repeat_interleave(group_size, 0) for k, v in enc.items()}
-    out = model.generate(**enc, past_key_values=cache, generation_config=gen)[:, enc["input_ids"].shape[1]:]
+    out = model.generate(**enc, cache=cache, generation_config=gen)[:, enc["input_ids"].shape[1]:]
     return torch.nn.functional.pad(out, (0, cfg.max_new_tokens - out.shape[1]), value=tok.pad_token_id)
 
 

@@ -66,6 +66,29 @@ def test_damaged_gguf_gives_a_clear_error_and_writes_nothing(tmp_path, damage):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
+@pytest.mark.parametrize("package", models.GGUF_PACKAGES)
+def test_a_package_missing_for_gguf_is_named_not_blamed_on_the_file(tmp_path, monkeypatch, package):
+    monkeypatch.setitem(sys.modules, package, None)              # `import <package>` now raises ImportError
+    target = tmp_path / "cache" / "converted"
+    with pytest.raises(SystemExit) as error:
+        models.gguf_to_hf(models.smollm2_gguf(), target)
+    message = str(error.value)
+    assert f"pip install {package}" in message and "damaged" not in message and "reinstall" not in message
+    assert not target.exists()
+
+
+def test_a_package_transformers_asks_for_is_named_not_blamed_on_the_file(tmp_path, monkeypatch):
+    # What transformers 5 raised when accelerate was missing: a ValueError, not an ImportError.
+    def refuse(*args, **kwargs):
+        raise ValueError("accelerate is required when loading a GGUF file `pip install accelerate`.")
+    import transformers
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    with pytest.raises(SystemExit) as error:
+        models.gguf_to_hf(models.smollm2_gguf(), tmp_path / "converted")
+    message = str(error.value)
+    assert "a package is missing" in message and "pip install accelerate" in message and "damaged" not in message
+
+
 @pytest.mark.slow
 def test_one_grpo_step_of_the_real_model(smol_dir, capsys):
     cfg = train.parse_config(["--preset", "smol", "--prompts-per-step", "2", "--group-size", "3", "--micro-batch", "3",

@@ -383,7 +383,7 @@ policy = Qwen2ForCausalLM(config)
 tok = models.tiny_tokenizer()        # ids 0..96 exist in the big vocabulary as well
 cfg = train.parse_config(["--preset", "qwen-0.5b", "--prompts-per-step", "2", "--group-size", "2",
                           "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu"])
-policy.gradient_checkpointing_enable()
+policy.activation_checkpointing_enable()
 ref = copy.deepcopy(policy).requires_grad_(False).eval().to(torch.bfloat16)
 opt = train.make_optimizer(policy, cfg)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
