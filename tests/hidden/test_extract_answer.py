@@ -3,7 +3,9 @@ by construction: a number written the ways people write it, put where the docstr
 is found (``#### N``, ``\\boxed{}``, ``<answer>``, "the answer is", the last number), among
 other numbers. Never the same texts as the visible table.
 
-The no-``eval`` cases weigh 4 of this file's 10: 3 of the part's 10 points.
+The no-``eval`` test weighs 5 of this file's 12 (7 tests of weight 1 beside it): 3.1 of the
+part's 10 points, about a third, as the README names it one of the grader's three duties
+(extract the final number, compare it exactly, never ``eval`` model text).
 """
 import builtins
 from decimal import Decimal
@@ -145,7 +147,7 @@ def test_no_answer_gives_none():
         assert extract_answer(f"{words} #### {written}") == want
 
 
-@pytest.mark.weight(4)
+@pytest.mark.weight(5)
 def test_never_evaluates_model_text(tmp_path, monkeypatch):
     """No eval or exec of the text, ever (here they record the attempt and refuse), and an
     expression is read, never computed: its last number in a box or an <answer> block."""
