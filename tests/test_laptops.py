@@ -135,6 +135,7 @@ def test_a_training_step_computes_nothing_in_float64(monkeypatch, loss):
     policy = models.tiny_model(tok)
     ref = models.reference_model(policy, cfg)
     monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 2))
+    monkeypatch.setattr(mfu, "peak_flops", lambda device, cfg: 1e12)     # not this machine's matmul benchmark
     problems = [{"question": "Mia has 3 pens and buys 4 more. How many pens?", "answer": "#### 7"}] * 2
     opt = torch.optim.SGD(policy.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
