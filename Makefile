@@ -47,8 +47,12 @@ demo: setup
 demo-tiny: setup
 	$(PYTHON) train.py --preset tiny $(ARGS)
 
+# logs/compare-smol: the smol preset (docs/figures); logs/compare-smol-active, once shipped: the
+# smol-active preset, where the KL term and the clip act (docs/figures/active).
 figures: setup
-	$(PYTHON) plots.py logs/compare-smol/*-s* --out docs/figures --table
+	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
+	if [ -d logs/compare-smol-active ]; then \
+		$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table; fi
 
 test: setup-test
 	$(PYTHON) -m pytest -q $(ARGS)

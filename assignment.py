@@ -45,8 +45,9 @@ PARTS = (
          "PPO's clipped surrogate, Schulman's k3 KL estimator, and the GRPO loss built from them: "
          "the ratio from log-probs, the surrogate, minus beta times k3 against the reference, "
          "reduced by `aggregate` and negated (a loss to minimise).",
-         info="`weights` (ones, `[B, T]`), `clip_frac`, `kl` and `ratio_mean` (means over valid "
-              "tokens, detached): `_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
+         info="`weights` (ones, `[B, T]`), `clip_frac`, `clip_low_frac`, `clip_high_frac`, "
+              "`abs_log_ratio`, `kl` and `ratio_mean` (means over valid tokens, detached): "
+              "`_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
          errors="`ValueError` mentioning `ref_logp` when `beta > 0` and `ref_logp is None` "
                 "(`_kl_term` raises it).",
          notes="Given helpers you may use: `_log_ratio` (log ratio zeroed at padding: padded positions "
@@ -60,13 +61,19 @@ PARTS = (
          "tokens weigh more. The weight carries no gradient.",
          notes="`tr_grpo_loss` (given) multiplies the clipped surrogate by it."),
     Part("cw_grpo_weights", "losses.py", ("cw_grpo_weights",), 15,
-         "CW-GRPO's Gaussian-kernel weights on the covariance of log-prob and advantage, "
-         "with batch-wide (or per-group) centring and bandwidth, normalised to mean 1 over "
-         "valid tokens. No gradient.",
-         errors="`ValueError` mentioning `scope` for a scope other than `batch`/`group`; "
-                "`ValueError` mentioning `group_size` when `scope=\"group\"` has no `group_size` "
-                "or one that does not divide the batch.",
-         notes="`cw_grpo_loss` (given) multiplies the clipped surrogate by these weights."),
+         "CW-GRPO's Gaussian-kernel weights on the covariance of log-prob and advantage, as its "
+         "authors compute them: per group of `group_size` rows, log-probs centred on their own "
+         "sequence, advantages on the group's plain mean, the bandwidth the group's std + 1e-8; "
+         "normalised to mean 1 over valid tokens (`normalise=\"padded\"`: to rows x the group's "
+         "longest completion). `scope=\"batch\"` is our other, batch-wide reading.",
+         errors="`ValueError` mentioning `scope` for a scope other than `group`/`batch`; "
+                "`ValueError` mentioning `normalise` for other than `valid`/`padded`; "
+                "`ValueError` mentioning `group_size` when it does not divide the rows.",
+         notes="`cw_grpo_loss` (given) multiplies the clipped surrogate by these weights, computed "
+               "from `logp.detach()` (or, with `detach=False`, from `logp` itself). The weights must "
+               "be differentiable in `logp`: a graded test runs `gradcheck` on them, so use torch "
+               "operations, no `.detach()` and no in-place changes to tensors autograd needs. "
+               "Weights at padding are 0."),
     Part("tepo", "losses.py", ("tepo_sequence_ratio", "tepo_kl_mask"), 15,
          "The two pieces TEPO adds to GRPO: the sequence-level likelihood ratio in token form "
          "(value of the sequence, gradient per token) and the KL mask on the tokens whose "
@@ -74,15 +81,17 @@ PARTS = (
          notes="`tepo_loss` (given) assembles them with `clipped_surrogate`, `_kl_term` and "
                "`aggregate`, exactly as `grpo_loss` does."),
     Part("token_logprobs", "losses.py",
-         ("token_logprobs", "_TokenLogprobs.forward", "_TokenLogprobs.backward"), 10,
+         ("token_logprobs", "token_logprobs_plain", "_TokenLogprobs.forward", "_TokenLogprobs.backward"),
+         10,
          "Log-probability of each sampled token and the entropy of the whole next-token "
          "distribution, from logits divided by the sampling temperature.",
          notes="Only `token_logprobs` is graded: values, temperature, dtypes (bf16 logits give "
                "float32 results), an entropy without gradient, and the gradient of the "
-               "log-probs. A plain autograd version (a float32 `log_softmax`) is a complete "
-               "answer. Optional: the solution's speed device, the autograd Function "
-               "`_TokenLogprobs` with the gradient written out and rows in chunks, whose "
-               "`forward` and `backward` are blanked too."),
+               "log-probs. `token_logprobs_plain` (what `--plain` scores with) is blanked too: "
+               "write it with a float32 `log_softmax` and `gather`, and a `token_logprobs` that "
+               "calls it is a complete answer. Optional: the solution's speed device, the "
+               "autograd Function `_TokenLogprobs` with the gradient written out and rows in "
+               "chunks, whose `forward` and `backward` are blanked too."),
     Part("extract_answer", "rewards.py", ("extract_answer", "_last_boxed"), 10,
          "The GSM8K grader's answer extraction: find the model's final number in free text "
          "(`#### N`, `\\boxed{}`, `<answer>`, \"the answer is\", the last number) and "

@@ -4,11 +4,14 @@
     python compare.py --seeds 0 1          # and seed 1 (finished runs are reused): docs/results.md, tiny model
     python compare.py --steps 60           # quicker
     python compare.py --preset smol --seeds 0 1 2   # the real model (SmolLM2-135M-Instruct), one run at a time
+    python compare.py --preset smol-active --seeds 0 1 2   # the same with a KL term and 2 updates per batch
 
-Runs ``train.py --preset <tiny|smol>`` for every loss and seed (in parallel, splitting the CPU
-threads between jobs), then ``plots.py --table`` on all of them. Outputs go to
-``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in its
-``train.log``. Extra arguments after ``--`` are passed to every train.py run.
+Runs ``train.py --preset <tiny|smol|smol-active>`` for every loss and seed (in parallel,
+splitting the CPU threads between jobs), then ``plots.py --table`` on all of them. Outputs go
+to ``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in
+``<out>/<loss>-s<seed>.log``. Extra arguments after ``--`` are passed to every train.py run.
+Run it again to go on: a finished run (its metrics.jsonl logs the evaluation after the last
+step) is skipped, an interrupted one resumes from its checkpoint.
 """
 import argparse
 import os
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import models
 import plots
+import train
 from losses import LOSSES
 
 HERE = Path(__file__).resolve().parent
@@ -27,13 +31,13 @@ HERE = Path(__file__).resolve().parent
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol"])
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol", "smol-active"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs at the same time; default 2 for tiny, 1 for smol (a smol run wants both cores and 6 GiB)")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's --steps")
-    parser.add_argument("--out", default=None, help="default runs/compare (tiny) or runs/compare-smol")
+    parser.add_argument("--out", default=None, help="default runs/compare (tiny) or runs/compare-<preset>")
     parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
     args = parser.parse_args(argv)
     out = Path(args.out or ("runs/compare" if args.preset == "tiny" else f"runs/compare-{args.preset}"))
@@ -52,11 +56,16 @@ def main(argv=None):
     else:
         print(f"converting (or reusing) the packaged model: {models.smollm2_dir()}", flush=True)
 
+    steps = args.steps or train.PRESETS[args.preset].get("steps", train.Config.steps)
+
     def one(job):
         loss, seed = job
         run = out / f"{loss}-s{seed}"
+        if finished(run, steps):
+            print(f"  {loss:8s} seed {seed}: finished before, skipped", flush=True)
+            return run
         flags = ["--resume"] if (run / "ckpt" / "last.pt").exists() else []
-        with open(out / f"{loss}-s{seed}.log", "w") as log:
+        with open(out / f"{loss}-s{seed}.log", "a") as log:
             p = subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--loss", loss, "--seed", str(seed),
                                 "--out", str(run), *flags], stdout=log, stderr=subprocess.STDOUT)
         status = "ok" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {out / f'{loss}-s{seed}.log'})"
@@ -72,6 +81,14 @@ def main(argv=None):
     plots.main([str(r) for r in done] + ["--out", str(out / "figures"), "--table"])
     print(f"total {time.time() - start:.0f}s")
     return 0
+
+
+def finished(run, steps):
+    """Whether a run got to its end: its metrics.jsonl holds the evaluation after step ``steps``."""
+    metrics = run / "metrics.jsonl"
+    if not metrics.exists():
+        return False
+    return any(r["step"] == steps and "eval_accuracy" in r for r in plots.read_jsonl(metrics))
 
 
 if __name__ == "__main__":

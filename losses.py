@@ -96,7 +96,10 @@ def clipped_surrogate(ratio, adv, clip_eps):
     """PPO's min(ratio*A, clip(ratio)*A): the per-token policy-gradient objective.
 
     Returns the objective and where the clip is active (the min picked the clipped,
-    gradient-free branch), for the ``clip_frac`` diagnostic.
+    gradient-free branch), for the ``clip_frac`` diagnostic. That happens on one side only
+    for each sign of A: ratio > 1 + eps with A > 0 (the high side: the token was already
+    pushed up enough), ratio < 1 - eps with A < 0 (the low side: pushed down enough). With
+    A = 0, or a ratio inside [1 - eps, 1 + eps] (on policy it is exactly 1), it never acts.
     """
     # BEGIN SOLUTION grpo_loss
     unclipped = ratio * adv
@@ -130,10 +133,19 @@ def _kl_term(logp, ref_logp, mask, beta):
 
 
 def _info(mask, weights, ratio, clipped, kl, **extra):
-    """Detached diagnostics, identical in every loss so the plots can compare them."""
+    """Detached diagnostics, identical in every loss so the plots can compare them.
+
+    Means over valid tokens: ``clip_frac`` (the clip acts, see ``clipped_surrogate``), split
+    into ``clip_low_frac`` (ratio < 1 - eps, A < 0) and ``clip_high_frac`` (ratio > 1 + eps,
+    A > 0); ``abs_log_ratio``, |log ratio|, how far the policy has moved from the one that
+    sampled (0 on policy; for TEPO the sequence ratio's |log s_i|); ``kl`` (k3 against the
+    reference, whatever beta) and ``ratio_mean``.
+    """
     mean = lambda t: (t.detach() * mask).sum() / mask.sum().clamp(min=1)
-    return {"weights": weights.detach(), "clip_frac": mean(clipped), "kl": mean(kl), "ratio_mean": mean(ratio),
-            **{k: v.detach() for k, v in extra.items()}}
+    return {"weights": weights.detach(), "clip_frac": mean(clipped),
+            "clip_low_frac": mean(clipped & (ratio < 1)), "clip_high_frac": mean(clipped & (ratio > 1)),
+            "abs_log_ratio": mean(ratio.detach().log().abs()),
+            "kl": mean(kl), "ratio_mean": mean(ratio), **{k: v.detach() for k, v in extra.items()}}
 
 
 # ----------------------------------------------------------------------------------------
@@ -191,58 +203,81 @@ def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     return loss, _info(mask, w, ratio, clipped, kl)
 
 
-def cw_grpo_weights(logp, advantages, mask, scope="batch", group_size=None):
-    """CW-GRPO's Gaussian-kernel weights on the covariance term, mean 1 over valid tokens.
+def cw_grpo_weights(logp, advantages, mask, group_size=None, *, scope="group", normalise="valid"):
+    """CW-GRPO's Gaussian-kernel weights on the covariance term, per group, as its authors compute them.
 
-        c_t = (l_t - mean(l)) * (A_i - mean(A)),  l = logp.detach(), means over valid tokens
-        w_t = exp(-c_t^2 / (2 sigma^2)),  sigma = std(c) (ddof 0),  then w <- w * N / sum(w)
+        lc_t = (l_t - mean_t l_i) m_t       l = logp, centred on its own sequence's valid tokens
+        Ac_i = A_i - mean_group(A)          a plain mean over the group's rows
+        c_t  = lc_t * Ac_i,   sigma = std(c) over the group's valid tokens (ddof 0) + 1e-8
+        w_t  = exp(-c_t^2 / (2 sigma^2)) m_t,   then w <- w * Z / sum(w)
 
-    ``scope="batch"`` centres and estimates sigma over the whole batch [reconstruction, as
-    in Cui et al.'s covariance code]; ``scope="group"`` does it within each group of
-    ``group_size`` consecutive rows. Always call it on the whole batch of a step, never on
-    a micro-batch: these are batch statistics. N and sum(w) count valid tokens only; with
-    no spread at all (sigma < 1e-8, e.g. equal advantages) every weight is exactly 1.
+    Groups are ``group_size`` consecutive rows (None: all rows are one group). Z is ours by
+    default, the group's valid tokens (``normalise="valid"``: mean weight 1 over real tokens);
+    ``"padded"`` is theirs, rows x the group's longest completion (what their padding gives).
+    ``scope="batch"`` is our other reading (Cui et al.'s covariance code): l and A centred
+    over every valid token of the call, A_i counted once per token, sigma over them all.
+    Differentiable in ``logp``: pass ``logp.detach()`` for fixed weights. Padding may hold any
+    finite values and weighs 0; with no spread (c = 0, e.g. equal advantages) every exp() is
+    exactly 1. A group's weights depend on its rows alone, not on columns past its longest
+    completion: micro-batches of whole groups can compute them.
     """
     # BEGIN SOLUTION cw_grpo_weights
+    if scope not in ("group", "batch"):
+        raise ValueError(f"scope must be 'group' or 'batch', got {scope!r}")
+    if normalise not in ("valid", "padded"):
+        raise ValueError(f"normalise must be 'valid' or 'padded', got {normalise!r}")
+    B, T = logp.shape
+    G = B if group_size is None or scope == "batch" else group_size
+    if G < 1 or B % G:
+        raise ValueError(f"group_size={group_size} must divide the {B} rows into whole groups")
+    m = mask.to(logp.dtype).reshape(-1, G, T)                       # [groups, G, T]
+    l = logp.reshape(-1, G, T) * m                                   # padding's values never enter
+    a = advantages.to(logp.dtype).reshape(-1, G, 1)
+    n = m.sum(-1, keepdim=True)                                      # valid tokens per row
+    N = n.sum(1, keepdim=True).clamp(min=1)                          # ... per group
     if scope == "group":
-        if not group_size or logp.shape[0] % group_size:
-            raise ValueError("scope='group' needs group_size dividing the batch size")
-        return torch.cat([cw_grpo_weights(l, a, m) for l, a, m in
-                          zip(logp.split(group_size), advantages.split(group_size), mask.split(group_size))])
-    if scope != "batch":
-        raise ValueError(f"scope must be 'batch' or 'group', got {scope!r}")
-    l, a, m = logp.detach(), advantages.detach().to(logp.dtype), mask.to(logp.dtype)
-    n = m.sum().clamp(min=1)
-    masked_mean = lambda x: torch.dot(x.flatten(), m.flatten()) / n     # mean over valid tokens
-    c = (l - masked_mean(l)) * (a - torch.dot(a, m.sum(-1)) / n)[:, None]   # A_i counts |o_i| times
-    sigma = masked_mean((c - masked_mean(c)).square()).sqrt()
-    if sigma < 1e-8:                      # no spread: nothing is extreme, weight everything 1
-        return torch.ones_like(l)
-    w = torch.exp(c.square().mul_(-0.5 / sigma ** 2))
-    return w.mul_(n / torch.dot(w.flatten(), m.flatten()))
+        lc = (l - l.sum(-1, keepdim=True) / n.clamp(min=1)) * m
+        ac = a - a.mean(1, keepdim=True)
+    else:
+        lc = (l - l.sum((1, 2), keepdim=True) / N) * m
+        ac = a - (a * n).sum(1, keepdim=True) / N
+    c = lc * ac
+    var = ((c - c.sum((1, 2), keepdim=True) / N).square() * m).sum((1, 2), keepdim=True) / N
+    # sqrt's gradient at 0 is infinite: clamped at the smallest float, a group without spread
+    # gets a zero gradient through sigma instead of 0 * inf = NaN, and no value changes.
+    sigma = var.clamp(min=torch.finfo(var.dtype).tiny).sqrt() + 1e-8
+    w = torch.exp(-c.square() / (2 * sigma.square())) * m
+    Z = N if normalise == "valid" else G * n.amax(1, keepdim=True)
+    return (w * Z / w.sum((1, 2), keepdim=True).clamp(min=torch.finfo(w.dtype).tiny)).reshape(B, T)
     # END SOLUTION
 
 
 def cw_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
                  clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None,
-                 scope="batch", group_size=None, weights=None):
+                 group_size=None, scope="group", normalise="valid", detach=True, weights=None):
     """CW-GRPO (Wang et al., ACL 2026, arXiv 2605.11538): GRPO with covariance-kernel weights.
 
-        J = agg_t[ min(r_t w_t A_i, clip(r_t) w_t A_i) - beta * k3 ],  w_t = cw_grpo_weights
+        J = agg_t[ min(r_t w_t A_i, clip(r_t) w_t A_i) - beta * k3 ],  w_t = cw_grpo_weights, per group
 
     Intuition: entropy moves with the covariance of log-prob and advantage (Cui et al.
     2025); the tokens where that covariance is extreme drive collapse or explosion, and a
-    Gaussian kernel with a bandwidth estimated from the batch smoothly down-weights them.
-    Because w_t > 0, min(r w A, clip(r) w A) = w * min(r A, clip(r) A).
-    [reconstruction] batch-wide centring and bandwidth, w detached, mean-1 normalisation.
-    Pass ``weights=`` (computed on the whole batch) when called on a micro-batch.
+    Gaussian kernel with a bandwidth estimated from the group smoothly down-weights them.
+    Because w_t >= 0, min(r w A, clip(r) w A) = w * min(r A, clip(r) A).
+    Ours: w detached (``detach=False``: computed from the live ``logp``, the gradient flowing
+    through it, as in the authors' code) and mean 1 over valid tokens (``normalise="padded"``:
+    theirs). With both of theirs, on policy, this is their loss and gradient (they have no clip).
+    Pass ``weights=`` (computed on whole groups) when called on rows that split a group.
     """
+    if weights is not None and not detach:
+        raise ValueError("detach=False computes the weights from the live logp: pass no weights=")
     ratio = torch.exp(_log_ratio(logp, old_logp, mask))
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
-    w = weights if weights is not None else cw_grpo_weights(logp, advantages, mask, scope, group_size)  # <- new
+    if weights is None:                                                                        # <- new
+        weights = cw_grpo_weights(logp.detach() if detach else logp, advantages, mask, group_size,
+                                  scope=scope, normalise=normalise)
     kl = _kl_term(logp, ref_logp, mask, beta)
-    loss = -aggregate(w * surrogate - beta * kl, mask, agg, max_tokens)                      # <- w *
-    return loss, _info(mask, w, ratio, clipped, kl)
+    loss = -aggregate(weights * surrogate - beta * kl, mask, agg, max_tokens)                # <- w *
+    return loss, _info(mask, weights, ratio, clipped, kl)
 
 
 def tepo_sequence_ratio(logp, old_logp, mask):
@@ -380,12 +415,31 @@ def token_logprobs(logits, tokens, temperature=1.0):
     computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
     [B, T, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
     under autograd the softmax kept for the backward pass is one float32 copy of the logits.
-    The gradient is _TokenLogprobs'.
+    The gradient is _TokenLogprobs'; token_logprobs_plain is the same without that device.
     """
     # BEGIN SOLUTION token_logprobs
     flat = logits.reshape(-1, logits.shape[-1])
     logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
     return logp.view(tokens.shape), entropy.view(tokens.shape)
+    # END SOLUTION
+
+
+def token_logprobs_plain(logits, tokens, temperature=1.0):
+    """token_logprobs with no speed device: autograd's own log_softmax, gather and entropy.
+
+        log p_t = log_softmax(logits_t / T)[tokens_t],   H_t = -sum_v p_t,v log p_t,v
+
+    The same numbers, dtypes and gradient as ``token_logprobs`` (tests/test_losses.py checks
+    it), computed the obvious way: ``train.py --plain`` scores with it. It holds the whole
+    float32 log-softmax of the logits, which autograd keeps for the backward pass.
+    """
+    # BEGIN SOLUTION token_logprobs
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    log_probs = torch.log_softmax(x, dim=-1)                              # [..., V]
+    logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    with torch.no_grad():                                                 # the entropy has no gradient
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logp, entropy
     # END SOLUTION
 
 

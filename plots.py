@@ -226,23 +226,37 @@ def spread(values, digits=3):
 
 def summary_table(runs, last=5):
     """A row per loss: mean and min–max over its seeds. 'At the end' means the mean over the last
-    `last` steps; the gradient norm is before clipping; clip_frac is the mean over all steps."""
-    rows = ["| loss | seeds | held-out acc. | strict acc. | entropy at the end | grad norm, mean | grad norm, max "
-            "| truncated at the end | clip_frac |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    `last` steps; the gradient norm is before clipping; clip_frac, abs_log_ratio and kl_mask_frac
+    are means over all steps (each step's over every update). The abs_log_ratio and kl_mask_frac
+    columns appear only when some run logged them (kl_mask_frac: TEPO with beta > 0)."""
     mean = lambda xs: sum(xs) / len(xs)
+    at_end = lambda values: mean(values[-last:])
+    columns = [("entropy at the end", "entropy", at_end), ("grad norm, mean", "grad_norm", mean),
+               ("grad norm, max", "grad_norm", max), ("truncated at the end", "truncated_frac", at_end),
+               ("clip_frac", "clip_frac", mean), ("abs_log_ratio", "abs_log_ratio", mean),
+               ("kl_mask_frac", "kl_mask_frac", mean)]          # (header, metric, reduction over steps)
+
+    def per_run(group, key, f):
+        return [f([x[key] for x in r["train"]]) for r in group
+                if r["train"] and key in r["train"][0] and not masks_nothing(r, key)]
+
+    columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
+    rows = ["| loss | seeds | held-out acc. | strict acc. | " + " | ".join(c[0] for c in columns) + " |",
+            "|" + "---|" * (4 + len(columns))]
     for loss, group in by_loss(runs):
         ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
-        per_run = lambda key, f: [f([x[key] for x in r["train"]]) for r in group if r["train"] and key in r["train"][0]]
-        at_end = lambda values: mean(values[-last:])
         rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
-                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | {spread(per_run('entropy', at_end))} "
-                    f"| {spread(per_run('grad_norm', mean))} | {spread(per_run('grad_norm', max))} "
-                    f"| {spread(per_run('truncated_frac', at_end))} | {spread(per_run('clip_frac', mean))} |")
+                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | "
+                    + " | ".join(spread(per_run(group, key, f)) for _, key, f in columns) + " |")
     starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict")) for r in runs if r["eval"]},
                     key=str)
     start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
     return "\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
+
+
+def masks_nothing(run, key):
+    """kl_mask_frac of a run with beta = 0 (older logs have it): the mask multiplied nothing."""
+    return key == "kl_mask_frac" and run["config"].get("beta", 1) == 0
 
 
 def per_seed_table(runs):

@@ -1,8 +1,10 @@
 """scoring.py — log-probs and entropies of sampled completions under a model, in micro-batches.
 
 ``score`` is the plain computation: the prompt and the completion through the model in one
-pass, then losses.token_logprobs on the completion positions. Two devices compute the same
-numbers faster (tests/test_speed.py checks values and gradients against ``score``):
+pass, then losses.token_logprobs on the completion positions (with ``--plain``,
+losses.token_logprobs_plain: autograd's own log_softmax, no custom autograd function). Two
+devices compute the same numbers faster (tests/test_speed.py checks values and gradients
+against ``score``):
 
 * ``score_sharing_prompts``: each prompt runs once per group, its key/value cache repeated for
   the G completions (the gradient of the copies flows back into the one prompt pass);
@@ -17,7 +19,7 @@ import dataclasses
 
 import torch
 
-from losses import token_logprobs
+from losses import token_logprobs, token_logprobs_plain
 
 
 def autocast(cfg, device):
@@ -33,7 +35,8 @@ def autocast(cfg, device):
 
 def score(model, batch, cfg):
     """Per-token log-probs of the completions (temperature applied) and the full-vocabulary
-    entropy, both [B, C]; only completion positions get logits (not the long prompt)."""
+    entropy, both [B, C]; only completion positions get logits (not the long prompt).
+    ``cfg.plain``: the log-probs and entropy of token_logprobs_plain, by autograd alone."""
     # The last completion token is never an input: nothing after it is scored.
     ids = torch.cat([batch.prompt_ids, batch.completions[:, :-1]], dim=1)
     attn = torch.cat([batch.prompt_attn, batch.mask[:, :-1].to(batch.prompt_attn.dtype)], dim=1)
@@ -44,7 +47,8 @@ def score(model, batch, cfg):
     with autocast(cfg, ids.device):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids,
                        logits_to_keep=batch.completions.shape[1], use_cache=False).logits    # [B, C, V]
-    return token_logprobs(logits, batch.completions, cfg.temperature)
+    logprobs = token_logprobs_plain if cfg.plain else token_logprobs
+    return logprobs(logits, batch.completions, cfg.temperature)
 
 
 def score_sharing_prompts(model, batch, cfg):

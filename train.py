@@ -84,6 +84,10 @@ class Config:
     warmup_only: bool = False      # build the warm start and stop
     share_prompts: bool = True     # run each prompt once per group when sampling and scoring (exact)
     plain: bool = False            # no speed devices: generate() to sample, score() on full-width rows
+    # CW-GRPO's weights (losses.cw_grpo_weights, docs/METHODS.md): per group, as its authors compute them.
+    cw_scope: str = "group"        # "batch": our other reading, statistics of the whole batch
+    cw_normalise: str = "valid"    # mean 1 over real tokens; "padded": rows x longest completion (theirs)
+    cw_detach: bool = True         # --no-cw-detach: the gradient flows through the weights too (theirs)
 
 
 PRESETS = {
@@ -109,6 +113,9 @@ PRESETS = {
                       eval_n=500, eval_batch=64, ckpt_every=50, sample_every=10, dtype="bfloat16",
                       grad_checkpointing=True, lora_rank=64),
 }
+# smol where every loss's mechanism acts: a KL term (and with it TEPO's KL mask) and a second
+# update per batch, off policy, where the ratio moves and the clip can act.
+PRESETS["smol-active"] = dict(PRESETS["smol"], beta=0.04, updates_per_batch=2)
 
 
 def parse_config(argv=None):
@@ -120,7 +127,8 @@ def parse_config(argv=None):
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__)
             choices = {"preset": list(PRESETS), "loss": list(LOSSES), "dtype": ["float32", "bfloat16"],
-                       "device": ["auto", "cpu", "cuda", "mps"],
+                       "device": ["auto", "cpu", "cuda", "mps"], "cw_scope": ["group", "batch"],
+                       "cw_normalise": ["valid", "padded"],
                        "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]}.get(f.name)
             parser.add_argument(flag, type=kind, default=None, choices=choices)
     args = vars(parser.parse_args(argv))
@@ -134,6 +142,11 @@ def parse_config(argv=None):
     if cfg.micro_batch < 1 or batch % cfg.micro_batch:
         problems.append(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {batch} rows) "
                         f"must be divisible by --micro-batch {cfg.micro_batch}")
+    whole = batch if cfg.cw_scope == "batch" else cfg.group_size       # the rows CW-GRPO's statistics need
+    if cfg.loss == "cw_grpo" and not cfg.cw_detach and cfg.micro_batch % whole:
+        problems.append(f"--no-cw-detach computes CW-GRPO's weights in each micro-batch from its live "
+                        f"log-probs, so --micro-batch {cfg.micro_batch} must be a multiple of {whole} (whole "
+                        f"{'batches, --cw-scope batch' if cfg.cw_scope == 'batch' else 'groups'})")
     if cfg.temperature <= 0:
         problems.append("--temperature must be > 0 (sampling; evaluation is greedy anyway)")
     if cfg.steps < 0 or cfg.updates_per_batch < 1 or cfg.max_new_tokens < 1:
@@ -222,13 +235,15 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     # 4. Old and reference log-probs. old_logp, the sampling policy's log-probs of the sampled tokens,
     #    is the PPO ratio's denominator. On policy the weights have not moved since sampling, so the
     #    first update's own forward pass gives it (detached, in step 5): no extra pass. CW-GRPO is the
-    #    exception: its weights are statistics of the whole batch, needed before the first
-    #    micro-batch, so it scores the batch once here, without gradients.
+    #    exception: its weights are statistics of whole groups, held fixed during the step and needed
+    #    before the first micro-batch, so it scores the batch once here, without gradients
+    #    (with --no-cw-detach the loss computes them from each micro-batch's live log-probs instead).
     t = time.perf_counter()
     old_logp = entropy = cw_weights = ref_logp = None
-    if cfg.loss == "cw_grpo":
+    if cfg.loss == "cw_grpo" and cfg.cw_detach:
         old_logp, entropy = score_no_grad(policy, batch, cfg)                                   # [B, C]
-        cw_weights = cw_grpo_weights(old_logp, adv, batch.mask)
+        cw_weights = cw_grpo_weights(old_logp, adv, batch.mask, G, scope=cfg.cw_scope,
+                                     normalise=cfg.cw_normalise)                                  # [B, C]
     if cfg.beta > 0:                   # with LoRA the reference is the same model, adapters off
         with policy.disable_adapter() if cfg.lora_rank > 0 else contextlib.nullcontext():
             ref_logp = score_no_grad(ref if ref is not None else policy, batch, cfg)[0]        # [B, C]
@@ -236,19 +251,19 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     times["score"] = time.perf_counter() - t
 
     # 5. Loss and update. More than one update per batch reuses it off policy (ratio != 1, clipping).
-    t = time.perf_counter()
+    t, updates = time.perf_counter(), []
     for k in range(cfg.updates_per_batch):
         stats, (logp, ent) = update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp,
                                     cw_weights, cfg)
+        updates.append(stats)
         if k == 0:
-            first = stats
             check_ratio_is_one(logp[:1], row0, batch.mask[:1])
             if old_logp is None:       # on policy: the first pass's own log-probs are old_logp
                 old_logp, entropy = logp, ent
     times["update"] = time.perf_counter() - t
 
     # 6. Log: what happened, per step; and one group token by token, for the plots.
-    metrics = {**step_metrics(first, batch, r, correct, entropy, cfg, scheduler, times),
+    metrics = {**step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times),
                **mfu.phase_mfu(policy, batch, cfg, times, device)}
     sample = dict(prompt=data.render_prompt(tok, problems[0]["question"]), completions=texts[:G],
                   tokens=[[tok.decode([i]) for i in row] for row in batch.completions[:G].tolist()],
@@ -264,6 +279,9 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     Returns ((loss, grad_norm, infos), (logp, entropy) of the batch before the step, detached)."""
     loss_fn = LOSSES[cfg.loss]
     kwargs = dict(clip_eps=cfg.clip_eps, beta=cfg.beta, max_tokens=cfg.max_new_tokens, **({"agg": cfg.agg} if cfg.agg else {}))
+    if cfg.loss == "cw_grpo":          # the weights of step 4, or with --no-cw-detach from each micro-batch
+        kwargs.update(group_size=cfg.group_size, scope=cfg.cw_scope, normalise=cfg.cw_normalise,
+                      detach=cfg.cw_detach)
     agg = cfg.agg or inspect.signature(loss_fn).parameters["agg"].default
     score, C = training_scorer(cfg), batch.mask.shape[1]
     policy.train()
@@ -300,21 +318,27 @@ def check_ratio_is_one(train_logp, plain_logp, mask):
               "sampling and scoring disagree (dropout on? temperature?)", file=sys.stderr)
 
 
-def step_metrics(first_update, batch, r, correct, entropy, cfg, scheduler, times):
-    """Batch statistics of a step, each over the whole batch (never per micro-batch)."""
-    total, grad_norm, infos = first_update
-    mask, valid, n_tok = batch.mask, batch.mask > 0, batch.mask.sum().item()
-    tok_mean = lambda key: sum(info[key].item() * n for info, n in infos) / n_tok   # over micro-batches
+def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
+    """Batch statistics of a step, each over the whole batch (never per micro-batch). loss and
+    grad_norm are the first update's (on policy); what the loss reports (kl, the clip, the
+    ratio, the weights, the KL mask) is a token mean over every update of the step."""
+    total, grad_norm, _ = updates[0]
+    infos = [x for _, _, update_infos in updates for x in update_infos]   # (info, tokens) per micro-batch
+    mask, valid, n_tok = batch.mask, batch.mask > 0, sum(n for _, n in infos)
+    tok_mean = lambda key: sum(info[key].item() * n for info, n in infos) / n_tok
     weights = torch.cat([pad_to(info["weights"], mask.shape[1]) for info, _ in infos])
+    valid_every_update = valid.repeat(len(updates), 1)
     groups = r.view(-1, cfg.group_size)
     metrics = dict(loss=total, reward=r.mean().item(), reward_std=r.std().item(), accuracy=correct.mean().item(),
                    frac_zero_std=(groups == groups[:, :1]).all(1).float().mean().item(),
                    entropy=entropy[valid].mean().item(), grad_norm=grad_norm, kl=tok_mean("kl"),
-                   clip_frac=tok_mean("clip_frac"), weight_mean=weights[valid].float().mean().item(),
+                   clip_frac=tok_mean("clip_frac"), clip_low_frac=tok_mean("clip_low_frac"),
+                   clip_high_frac=tok_mean("clip_high_frac"), abs_log_ratio=tok_mean("abs_log_ratio"),
+                   weight_mean=weights[valid_every_update].float().mean().item(),
                    completion_len=mask.sum(1).mean().item(), truncated_frac=batch.truncated.float().mean().item(),
                    lr=scheduler.get_last_lr()[0], gen_time=times["gen"], score_time=times["score"],
                    update_time=times["update"], tokens_per_s=mask.sum().item() / times["gen"])
-    if cfg.loss == "tepo":
+    if cfg.loss == "tepo" and cfg.beta > 0:          # with beta = 0 the mask multiplies nothing
         metrics["kl_mask_frac"] = sum(info["kl_mask"].sum().item() for info, _ in infos) / n_tok
     return metrics
 

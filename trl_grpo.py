@@ -11,7 +11,7 @@ train.py is one process on one device. When a model outgrows that, TRL's GRPOTra
 runs on many GPUs (accelerate, DeepSpeed ZeRO, FSDP, vLLM rollouts). TRL has no loss registry:
 its `loss_type` is an if/elif chain inside `GRPOTrainer._compute_loss`, so this file subclasses
 the trainer and overrides that one method (TRL's own experimental trainers do the same), plus
-the rollout method for CW-GRPO's batch statistics. What stays ours: the loss functions
+the rollout method for CW-GRPO's group statistics. What stays ours: the loss functions
 (`losses.LOSSES`, called unchanged), the prompt (`data.build_messages`) and the grader
 (`rewards.reward`). What becomes TRL's: the sampler, the data order, the optimizer loop, the
 logging (metrics go into TRL's logs under the names train.py uses).
@@ -20,9 +20,10 @@ Two things a micro-batch loss must get right on several processes, both exact he
   * scale: each micro-batch's loss is multiplied by its share of the optimizer step's batch
     (rows for the sequence means, tokens for token-mean), so that gradient accumulation and
     data-parallel averaging give the gradient of the mean over the whole batch;
-  * CW-GRPO's weights are batch statistics: computed once per generation batch, from the
-    sampling policy's log-probs of the rows of *every* process (gathered), then carried with
-    each row through TRL's shuffling and slicing.
+  * CW-GRPO's weights are statistics of whole groups (of the whole batch with scope="batch"):
+    computed once per generation batch, from the sampling policy's log-probs of the rows of
+    *every* process (gathered, so a group never splits), then carried with each row through
+    TRL's shuffling and slicing.
 
 Tested with TRL 1.16 (`pip install "trl>=1.16,<1.17"`); it relies on three private methods of
 GRPOTrainer, which may move in another version. TRL is optional: only this file imports it.
@@ -54,7 +55,8 @@ if not trl.__version__.startswith(TRL_TESTED + "."):
                   "GRPOTrainer methods; run tests/test_trl_grpo.py before trusting it.")
 
 # Arguments of our losses that come from TRL's config, never from loss_kwargs.
-FROM_CONFIG = {"clip_eps": "epsilon", "beta": "beta", "max_tokens": "max_completion_length", "weights": None}
+FROM_CONFIG = {"clip_eps": "epsilon", "beta": "beta", "max_tokens": "max_completion_length",
+               "group_size": "num_generations", "weights": None}
 
 
 # ----------------------------------------------------------------------------------------
@@ -68,11 +70,15 @@ def loss_settings(loss, loss_kwargs):
     loss_kwargs = dict(loss_kwargs or {})
     for key in loss_kwargs:
         if key in FROM_CONFIG:
-            source = f"GRPOConfig.{FROM_CONFIG[key]}" if FROM_CONFIG[key] else "the trainer (whole-batch CW weights)"
+            source = f"GRPOConfig.{FROM_CONFIG[key]}" if FROM_CONFIG[key] else "the trainer (CW weights of whole groups)"
             raise ValueError(f"loss_kwargs[{key!r}] is set from {source}; do not pass it in loss_kwargs")
         if key not in params or params[key].kind != inspect.Parameter.KEYWORD_ONLY:
             options = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY and n not in FROM_CONFIG]
             raise ValueError(f"{loss} has no keyword argument {key!r}; it takes {options}")
+    if loss_kwargs.get("detach", True) is not True:
+        raise ValueError("detach=False (CW-GRPO's gradient through its weights) needs micro-batches of whole groups, "
+                         "and TRL shuffles rows across micro-batches: here the weights are computed once per "
+                         "generation batch, detached (train.py --no-cw-detach has the option)")
     agg = loss_kwargs.get("agg", params["agg"].default)
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose one of {AGGREGATIONS}")
@@ -144,10 +150,12 @@ class TokenRegGRPOTrainer(GRPOTrainer):
     def cw_weights(self, batch):
         """CW-GRPO's weights for this process's rows, computed over the generation batch of all processes.
 
-        The kernel's centring and bandwidth are statistics of the whole batch: computed on a
-        micro-batch or on one process's rows they would differ (the bug verl's clip_cov /
-        kl_cov have). So gather the sampling policy's log-probs, the masks and the advantages
-        of every process, call ``losses.cw_grpo_weights`` once, and keep this process's rows.
+        The kernel's centring and bandwidth are statistics of a group of ``num_generations``
+        consecutive rows of the gathered batch (of the whole batch with scope="batch"): computed
+        on a micro-batch or on one process's rows, which may cut a group, they would differ (the
+        bug verl's clip_cov / kl_cov have). So gather the sampling policy's log-probs, the masks
+        and the advantages of every process, call ``losses.cw_grpo_weights`` once, and keep this
+        process's rows.
         """
         mask = _loss_mask(batch)
         logp = batch.get("old_per_token_logps")
@@ -158,10 +166,9 @@ class TokenRegGRPOTrainer(GRPOTrainer):
                                                                  batch_size=rows)
         acc = self.accelerator
         gather = lambda t: acc.gather(acc.pad_across_processes(t.contiguous(), dim=1))   # pads with 0 = masked out
-        kwargs = {k: v for k, v in self.loss_kwargs.items() if k in ("scope", "group_size")}
-        if kwargs.get("scope") == "group":
-            kwargs.setdefault("group_size", self.num_generations)    # groups are consecutive rows, as in TRL
-        weights = cw_grpo_weights(gather(logp), acc.gather(batch["advantages"]), gather(mask), **kwargs)
+        kwargs = {k: v for k, v in self.loss_kwargs.items() if k in ("scope", "normalise")}
+        weights = cw_grpo_weights(gather(logp), acc.gather(batch["advantages"]), gather(mask),
+                                  self.num_generations, **kwargs)          # groups: consecutive rows, as in TRL
         n = mask.shape[0]
         return weights[acc.process_index * n:(acc.process_index + 1) * n, :mask.shape[1]]
 

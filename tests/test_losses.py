@@ -8,7 +8,7 @@ import torch
 import losses
 from losses import (AGGREGATIONS, LOSSES, cw_grpo_loss, cw_grpo_weights, grpo_loss,
                     group_advantages, microbatch_scale, tepo_loss, token_logprobs,
-                    tr_grpo_loss, tr_grpo_weights)
+                    token_logprobs_plain, tr_grpo_loss, tr_grpo_weights)
 
 
 
@@ -70,7 +70,11 @@ def test_grpo_by_hand(agg, beta):
     assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
     # e.g. seq-mean-token-mean, beta = 0: -((1.2 + 1 + 0.5)/3 + (-0.625 - 0.45)/2)/2 = -0.18125
     assert info["clip_frac"].item() == pytest.approx(1 / 5)     # only row 0, token 0 is clipped
+    assert info["clip_high_frac"].item() == pytest.approx(1 / 5)  # ... on the high side: 1.5 > 1.2, A > 0
+    assert info["clip_low_frac"].item() == 0.0                   # 0.5 < 0.8, but A > 0: not clipped
     assert info["ratio_mean"].item() == pytest.approx((1.5 + 1 + 0.5 + 1.25 + 0.9) / 5)
+    assert info["abs_log_ratio"].item() == pytest.approx(
+        (math.log(1.5) + 0 + math.log(2) + math.log(1.25) + math.log(1 / 0.9)) / 5)
     assert info["kl"].item() == pytest.approx((K3_LN2 + K3_MLN2) / 5)
     assert torch.equal(info["weights"], torch.ones(2, 3))
 
@@ -105,26 +109,43 @@ def test_tr_grpo_by_hand(agg, beta):
     assert info["weights"][1, :2].tolist() == pytest.approx(W[1])
 
 
-@pytest.mark.parametrize("agg", AGGREGATIONS)
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_cw_grpo_by_hand(agg, beta):
-    logp, old, ref, adv, mask, _ = example()
-    # Covariance term over the 5 valid tokens, written out with python floats.
+def cw_by_hand(scope):
+    """CW-GRPO's weights for example(), written out with python floats (1 group of 2 rows)."""
     l = [[math.log(0.5), math.log(0.25), math.log(0.8)], [math.log(0.1), math.log(0.6)]]
     a = [1.0, -0.5]
-    mean_l = sum(sum(r) for r in l) / 5
-    mean_a = (3 * 1.0 + 2 * -0.5) / 5                         # A_i counted once per token
-    c = [[(x - mean_l) * (a[i] - mean_a) for x in row] for i, row in enumerate(l)]
+    if scope == "group":                                      # the authors': per sequence, rows once
+        mean_l = [sum(row) / len(row) for row in l]
+        mean_a = sum(a) / 2
+    else:                                                     # ours before: over the 5 tokens
+        mean_l = [sum(sum(r) for r in l) / 5] * 2
+        mean_a = (3 * 1.0 + 2 * -0.5) / 5                     # A_i counted once per token
+    c = [[(x - mean_l[i]) * (a[i] - mean_a) for x in row] for i, row in enumerate(l)]
     flat = [x for row in c for x in row]
-    sigma = math.sqrt(sum((x - sum(flat) / 5) ** 2 for x in flat) / 5)   # population std
+    sigma = math.sqrt(sum((x - sum(flat) / 5) ** 2 for x in flat) / 5) + 1e-8   # population std + 1e-8
     w = [[math.exp(-x * x / (2 * sigma ** 2)) for x in row] for row in c]
     norm = 5 / sum(x for row in w for x in row)
-    W = [[x * norm for x in row] for row in w]
-    loss, info = cw_grpo_loss(logp, old, ref, adv, mask, beta=beta, agg=agg)
+    return [[x * norm for x in row] for row in w]
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("scope", ["group", "batch"])
+def test_cw_grpo_by_hand(agg, beta, scope):
+    logp, old, ref, adv, mask, _ = example()
+    W = cw_by_hand(scope)
+    loss, info = cw_grpo_loss(logp, old, ref, adv, mask, beta=beta, agg=agg, scope=scope)
     rows = [[wt * s - beta * k for wt, s, k in zip(wr, sr, kr)] for wr, sr, kr in zip(W, SURR, KL)]
     assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
-    assert info["weights"][0].tolist() == pytest.approx(W[0])
-    assert info["weights"][1, :2].tolist() == pytest.approx(W[1])
+    assert info["weights"][0].tolist() == pytest.approx(W[0], abs=1e-12)
+    assert info["weights"][1].tolist() == pytest.approx(W[1] + [0.0], abs=1e-12)
+
+
+def test_cw_grpo_by_hand_literal_weights():
+    # Per-sequence centring gives a 2-token row two opposite c's, so equal weights.
+    logp, old, ref, adv, mask, _ = example()
+    w = cw_grpo_loss(logp, old, ref, adv, mask)[1]["weights"]
+    assert w.tolist() == [pytest.approx([1.5489074990, 1.0259312100, 1.1275562939], abs=1e-9),
+                          pytest.approx([0.6488024985, 0.6488024985, 0.0], abs=1e-9)]
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
@@ -230,12 +251,14 @@ def test_tr_grpo_with_unit_weights_is_grpo(agg):
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
-def test_cw_grpo_with_zero_sigma_is_grpo(agg):
+@pytest.mark.parametrize("detach", [True, False])
+def test_cw_grpo_with_zero_sigma_is_grpo(agg, detach):
     logp, old, ref, _, mask, _ = random_batch()
     adv = torch.full((8,), 0.7)            # all advantages equal -> covariance 0 -> sigma = 0
     a = loss_and_grad(grpo_loss, logp, old, ref, adv, mask, agg=agg)
-    b = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, agg=agg)
-    assert torch.equal(b[2]["weights"], torch.ones_like(logp))
+    b = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, agg=agg, group_size=4, detach=detach)
+    assert torch.equal(b[2]["weights"], mask)                 # 1 on every valid token, exactly
+    assert torch.isfinite(b[1]).all()                         # no 0 * inf through sigma = sqrt(0)
     assert torch.allclose(a[0], b[0], atol=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
 
 
@@ -276,6 +299,46 @@ def test_on_policy_ratio_is_one_loss_is_weighted_advantage(name, agg):
                  "seq-mean-token-sum-norm": x.sum() / x.numel()}[agg]   # not aggregate(): it is under test too
     assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
     assert grad.abs().sum() > 0         # the value is "just A", but the gradient is not zero
+
+
+def test_on_policy_with_beta_0_tepo_is_grpo_with_token_mean():
+    """TEPO's two mechanisms need the setting to act: on policy the sequence ratio has value 1
+    and gradient d logp, as GRPO's token ratio does, and with beta = 0 its KL mask multiplies
+    nothing. There TEPO *is* GRPO with agg="token-mean": the same loss and gradient, bit for bit."""
+    logp, _, ref, adv, mask, entropy = random_batch(B=16, T=8, seed=2)
+    for reference in (None, ref):
+        grpo = loss_and_grad(grpo_loss, logp, logp.detach(), reference, adv, mask, beta=0.0, agg="token-mean")
+        tepo = loss_and_grad(tepo_loss, logp, logp.detach(), reference, adv, mask, entropy, beta=0.0)
+        assert torch.equal(grpo[0], tepo[0]) and torch.equal(grpo[1], tepo[1])
+    assert tepo[2]["kl_mask"].sum() > 0                       # the mask is there; it multiplies 0
+    # Either mechanism acting makes them differ: a KL term (beta > 0), or an old policy (off policy).
+    old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(0))
+    for old_logp, beta in ((logp.detach(), 0.04), (old, 0.0)):
+        grpo = loss_and_grad(grpo_loss, logp, old_logp, ref, adv, mask, beta=beta, agg="token-mean")
+        tepo = loss_and_grad(tepo_loss, logp, old_logp, ref, adv, mask, entropy, beta=beta)
+        assert not torch.allclose(grpo[1], tepo[1], atol=1e-6), beta
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_clip_frac_is_the_low_side_plus_the_high_side(name):
+    """The clip acts on the high side where A > 0 and ratio > 1 + eps, on the low side where
+    A < 0 and ratio < 1 - eps; abs_log_ratio is the mean |log ratio| over valid tokens, of the
+    ratio the loss clips (TEPO's: the sequence ratio)."""
+    logp, old, ref, adv, mask, entropy = random_batch(B=32, T=8, seed=4)
+    old = logp.detach() + 3 * (old - logp.detach())            # far off policy: both sides clip
+    _, info = LOSSES[name](logp, old, ref, adv, mask, entropy, clip_eps=0.2)
+    if name == "tepo":
+        ratio = losses.tepo_sequence_ratio(logp.detach(), old, mask)
+    else:
+        ratio = torch.exp((logp.detach() - old) * mask)
+    valid, n = mask > 0, mask.sum()
+    low = (adv[:, None] < 0) & (ratio < 0.8) & valid
+    high = (adv[:, None] > 0) & (ratio > 1.2) & valid
+    assert low.any() and high.any()
+    assert info["clip_low_frac"].item() == pytest.approx(low.sum().item() / n.item())
+    assert info["clip_high_frac"].item() == pytest.approx(high.sum().item() / n.item())
+    assert info["clip_frac"].item() == pytest.approx((low | high).sum().item() / n.item())
+    assert info["abs_log_ratio"].item() == pytest.approx(((ratio.log().abs() * mask).sum() / n).item())
 
 
 def test_grpo_gradient_by_hand_on_policy():
@@ -322,10 +385,28 @@ def test_gradcheck_tr_grpo(agg):
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_gradcheck_cw_grpo(agg):
-    # Weights are batch statistics held fixed during the step: pass them precomputed.
+    # Detached weights are held fixed during the step (finite differences would see them move):
+    # pass them precomputed.
     logp, old, ref, adv, mask, _ = random_batch(B=4, T=5)
-    w = cw_grpo_weights(logp, adv, mask)
+    w = cw_grpo_weights(logp.detach(), adv, mask, 2)
     assert torch.autograd.gradcheck(lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, weights=w)[0], (logp,))
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("scope", ["group", "batch"])
+@pytest.mark.parametrize("normalise", ["valid", "padded"])
+def test_gradcheck_cw_grpo_through_the_weights(agg, scope, normalise):
+    # detach=False: the weights move with logp, through c (and the row means), sigma and sum(w).
+    logp, old, ref, _, mask, _ = random_batch(B=4, T=5)
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2])
+    f = lambda x: cw_grpo_loss(x, old, ref, adv, mask, agg=agg, group_size=2, scope=scope, normalise=normalise,
+                               detach=False)[0]
+    assert torch.autograd.gradcheck(f, (logp,))
+    fixed = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, agg=agg, group_size=2, scope=scope,
+                          normalise=normalise)
+    x = logp.detach().clone().requires_grad_()
+    f(x).backward()
+    assert not torch.allclose(x.grad, fixed[1])             # the path through the weights is not zero
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
@@ -349,32 +430,66 @@ def test_tr_grpo_weight_shape():
     assert tr_grpo_weights(torch.tensor(0.1).log()).item() == 1.0 and w.max().item() == pytest.approx(1.4)
 
 
-def test_cw_grpo_weights_mean_one_and_extreme_gets_smallest():
+def test_cw_grpo_weights_mean_one_per_group_and_extreme_gets_smallest():
     logp, _, _, adv, mask, _ = random_batch(B=16, T=8, seed=5)
-    w = cw_grpo_weights(logp, adv, mask)
-    valid = mask > 0
-    assert w[valid].mean().item() == pytest.approx(1.0, abs=1e-12)
-    l, a = logp.detach(), adv[:, None].expand_as(logp)
-    c = (l - l[valid].mean()) * (a - a[valid].mean())
-    extreme = c.abs().masked_fill(~valid, -1).argmax()
-    assert w.flatten()[extreme] == w[valid].min()
+    w = cw_grpo_weights(logp, adv, mask, 4)
+    l, valid = logp.detach(), mask > 0
+    for g in range(4):
+        rows = slice(4 * g, 4 * g + 4)
+        m, lg, a = valid[rows], l[rows], adv[rows]
+        assert w[rows][m].mean().item() == pytest.approx(1.0, abs=1e-12)
+        if a.unique().numel() == 1:                       # no spread in this group: all weights 1
+            assert torch.equal(w[rows], mask[rows])
+            continue
+        row_mean = (lg * mask[rows]).sum(1, keepdim=True) / mask[rows].sum(1, keepdim=True)
+        c = (lg - row_mean) * (a - a.mean())[:, None]
+        extreme = c.abs().masked_fill(~m, -1).argmax()
+        assert w[rows].flatten()[extreme] == w[rows][m].min()
+    assert (w[~valid] == 0).all()
 
 
-def test_cw_grpo_scope_group_differs_from_batch():
+def test_cw_grpo_padded_normalisation_is_the_valid_one_scaled():
+    # "padded": sum over a group = rows x its longest completion, the count the authors' padded
+    # tensors give; the same kernel otherwise, so the two differ by one factor per group.
+    logp, _, _, adv, mask, _ = random_batch(B=12, T=7, seed=6)
+    valid = cw_grpo_weights(logp, adv, mask, 3)
+    padded = cw_grpo_weights(logp, adv, mask, 3, normalise="padded")
+    for g in range(4):
+        rows = slice(3 * g, 3 * g + 3)
+        n, longest = mask[rows].sum(), mask[rows].sum(1).max()
+        assert (padded[rows] * mask[rows]).sum().item() == pytest.approx(3 * longest.item(), abs=1e-12)
+        assert torch.allclose(padded[rows], valid[rows] * 3 * longest / n, atol=1e-14, rtol=0)
+    assert not torch.allclose(padded, valid)
+
+
+def test_cw_grpo_scope_batch_is_the_earlier_reading():
     logp, _, _, _, mask, _ = random_batch(B=8, T=6, seed=7)
     adv = torch.tensor([-1.5, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5, 1.5]) / 0.5001   # rewards [0 1 1 1 | 0 0 0 1]
     with torch.no_grad():
         logp[4:] -= 2.0                  # the second group is much less confident than the first
-    wb = cw_grpo_weights(logp, adv, mask, scope="batch")
-    wg = cw_grpo_weights(logp, adv, mask, scope="group", group_size=4)
+    wb = cw_grpo_weights(logp, adv, mask, 4, scope="batch")
+    wg = cw_grpo_weights(logp, adv, mask, 4)
     assert not torch.allclose(wb, wg)
-    for g in range(2):                   # group scope: mean 1 within each group
-        m = mask[4 * g:4 * g + 4] > 0
-        assert wg[4 * g:4 * g + 4][m].mean().item() == pytest.approx(1.0)
-    a = cw_grpo_loss(logp, logp.detach(), None, adv, mask, beta=0.0, scope="group", group_size=4)
-    assert torch.equal(a[1]["weights"], wg)
+    # batch scope: log-probs and advantages centred over every valid token of the batch
+    l, m, n = logp.detach(), mask > 0, mask.sum()
+    c = ((l - l[m].mean()) * (adv - (adv * mask.sum(1)).sum() / n)[:, None]) * mask
+    raw = torch.exp(-c ** 2 / (2 * (c[m].std(correction=0) + 1e-8) ** 2)) * mask
+    assert torch.allclose(wb, raw * n / raw.sum(), atol=1e-14, rtol=0)
+    assert wb[m].mean().item() == pytest.approx(1.0)     # mean 1 over the batch, not per group
+    a = cw_grpo_loss(logp, logp.detach(), None, adv, mask, beta=0.0, scope="batch")
+    assert torch.equal(a[1]["weights"], wb)
+
+
+def test_cw_grpo_refuses_bad_options():
+    logp, old, _, adv, mask, _ = random_batch(B=6, T=4)
     with pytest.raises(ValueError, match="group_size"):
-        cw_grpo_weights(logp, adv, mask, scope="group")
+        cw_grpo_weights(logp, adv, mask, 4)
+    with pytest.raises(ValueError, match="scope"):
+        cw_grpo_loss(logp, old, None, adv, mask, beta=0.0, scope="token")
+    with pytest.raises(ValueError, match="normalise"):
+        cw_grpo_loss(logp, old, None, adv, mask, beta=0.0, normalise="mean")
+    with pytest.raises(ValueError, match="weights"):       # precomputed weights carry no live gradient
+        cw_grpo_loss(logp, old, None, adv, mask, beta=0.0, detach=False, weights=torch.ones_like(mask))
 
 
 # ----------------------------------------------------------------------------------------
@@ -408,8 +523,8 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(name, agg):
     full_loss, full_grad, _ = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, agg=agg)
     x = logp.detach().clone().requires_grad_()
     extra = {}
-    if name == "cw_grpo":                # batch statistics, computed once on the whole batch
-        extra_w = cw_grpo_weights(old, adv, mask)
+    if name == "cw_grpo":                # statistics of groups that these micro-batches cut: computed once
+        extra_w = cw_grpo_weights(old, adv, mask, 4)
     total = 0.0
     for rows in (slice(0, 5), slice(5, 6), slice(6, 12)):   # uneven micro-batches
         if name == "cw_grpo":
@@ -426,13 +541,91 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(name, agg):
     assert torch.allclose(x.grad, full_grad, atol=1e-14)
 
 
+def trim(t, m):
+    """Cut a micro-batch to its own longest completion, as train.py's micro_batches does."""
+    return t[:, :int(m.sum(1).max())]
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("normalise", ["valid", "padded"])
+@pytest.mark.parametrize("detach", [True, False])
+def test_cw_group_weights_are_split_invariant_over_whole_groups(agg, normalise, detach):
+    # Weights of whole groups depend on nothing else: micro-batches of whole groups, each cut to its
+    # own width, give the same weights and accumulate to the same gradient, with the weights
+    # computed inside each micro-batch's loss (detach=False: the only way to get their gradient).
+    logp, old, ref, adv, mask, _ = random_batch(B=12, T=7, seed=4)
+    opts = dict(agg=agg, max_tokens=7, group_size=3, normalise=normalise, detach=detach)
+    full_loss, full_grad, full_info = loss_and_grad(cw_grpo_loss, logp, old, ref, adv, mask, **opts)
+    x, total = logp.detach().clone().requires_grad_(), 0.0
+    for rows in (slice(0, 3), slice(3, 9), slice(9, 12)):       # 1, 2 and 1 groups
+        m = trim(mask[rows], mask[rows])
+        loss, info = cw_grpo_loss(trim(x[rows], m), trim(old[rows], m), trim(ref[rows], m), adv[rows], m, **opts)
+        assert torch.allclose(info["weights"], full_info["weights"][rows, :m.shape[1]], atol=1e-14, rtol=0)
+        loss = loss * microbatch_scale(agg, m, mask)
+        loss.backward()
+        total += loss.item()
+    assert total == pytest.approx(full_loss.item(), abs=1e-12)
+    assert torch.allclose(x.grad, full_grad, atol=1e-14)
+
+
 def test_cw_weights_per_micro_batch_would_be_wrong():
-    # The bug this interface exists to prevent: statistics of half a batch are not the batch's.
+    # The bug the interface exists to prevent: statistics of part of a group (or, in batch scope,
+    # of part of the batch) are not the group's (the batch's).
     logp, _, _, adv, mask, _ = random_batch(B=8, T=6, seed=9)
-    whole = cw_grpo_weights(logp, adv, mask)
-    halves = torch.cat([cw_grpo_weights(logp[:4], adv[:4], mask[:4]),
-                        cw_grpo_weights(logp[4:], adv[4:], mask[4:])])
-    assert not torch.allclose(whole, halves)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 0.0])
+    halves = lambda **kw: torch.cat([cw_grpo_weights(logp[:4], adv[:4], mask[:4], **kw),
+                                     cw_grpo_weights(logp[4:], adv[4:], mask[4:], **kw)])
+    assert not torch.allclose(cw_grpo_weights(logp, adv, mask, scope="batch"), halves(scope="batch"))
+    assert not torch.allclose(cw_grpo_weights(logp, adv, mask, 8), halves())     # halves of one group of 8
+    assert torch.allclose(cw_grpo_weights(logp, adv, mask, 4), halves(), atol=1e-14, rtol=0)   # whole groups
+
+
+# ----------------------------------------------------------------------------------------
+# CW-GRPO as its authors compute it (their compute_loss with use_ours: true), written here from
+# the description in docs/METHODS.md: one call of their loss holds one group, padded to the
+# group's longest completion; no clip, the gradient flowing through the weights.
+
+def authors_group_loss(logp, ref, adv, mask, beta):
+    """Their loss on one group, already cut to its longest completion: (loss, weights)."""
+    mean_l = (logp * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)   # each sequence's own
+    c = (logp - mean_l) * mask * (adv - adv.mean())[:, None]                   # advantages: each row once
+    sigma = c[mask > 0].std(correction=0) + 1e-8
+    w = torch.exp(-c ** 2 / (2 * sigma ** 2)) * mask
+    w = w * mask.numel() / w.sum()                                             # rows x width: padding counts
+    d = ref - logp
+    per_token = w * torch.exp(logp - logp.detach()) * adv[:, None] - beta * (torch.exp(d) - d - 1)
+    return -((per_token * mask).sum(1) / mask.sum(1)).mean(), w
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_cw_grpo_with_their_two_options_is_the_authors_loss(beta):
+    B, G, T = 12, 4, 9
+    for seed in range(3):
+        g = torch.Generator().manual_seed(200 + seed)
+        logp = torch.log(torch.rand(B, T, generator=g) * 0.98 + 0.01)
+        ref = logp + 0.3 * torch.randn(B, T, generator=g)
+        adv = torch.randn(B, generator=g)
+        mask = (torch.arange(T)[None] < torch.randint(1, T, (B, 1), generator=g)).double()   # ragged
+        garbage = torch.where(mask > 0, logp, 30 * torch.randn(B, T, generator=g))          # at padding
+        opts = dict(beta=beta, group_size=G, normalise="padded", detach=False)
+        got, grad, info = loss_and_grad(cw_grpo_loss, garbage, garbage, ref, adv, mask, **opts)   # on policy
+        y, theirs, weights = logp.clone().requires_grad_(), [], torch.zeros(B, T)
+        for first in range(0, B, G):      # one call per group, each group as wide as its longest completion
+            rows, width = slice(first, first + G), int(mask[first:first + G].sum(1).max())
+            loss, w = authors_group_loss(y[rows, :width], ref[rows, :width], adv[rows], mask[rows, :width], beta)
+            theirs.append(loss)
+            weights[rows, :width] = w.detach()
+        want = torch.stack(theirs).mean()  # = the batch's seq-mean-token-mean: every group has G rows
+        want.backward()
+        assert got.item() == pytest.approx(want.item(), rel=1e-12)
+        assert torch.allclose(grad, y.grad, rtol=1e-10, atol=1e-13)
+        assert torch.allclose(info["weights"], weights, rtol=1e-12, atol=0)
+        # ...and each of the two options matters (so this test can fail).
+        ours = loss_and_grad(cw_grpo_loss, logp, logp, ref, adv, mask, beta=beta, group_size=G, detach=False)
+        assert got.item() != pytest.approx(ours[0].item(), rel=1e-6)
+        ours = loss_and_grad(cw_grpo_loss, logp, logp, ref, adv, mask, beta=beta, group_size=G, normalise="padded")
+        assert ours[0].item() == pytest.approx(got.item(), rel=1e-12)    # the value: w is the same
+        assert not torch.allclose(ours[1], grad, rtol=1e-6)               # the gradient: w's own path is gone
 
 
 # ----------------------------------------------------------------------------------------
@@ -451,15 +644,19 @@ def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=No
         for i, t in toks:
             p = math.exp(logp[i, t].item())
             w[i, t] = torch.tensor(min(max(2.0 * (1 / (1 + math.exp(-9 * p)) - 0.25), 1.0), 1.4))
-    if name == "cw_grpo":
-        ml = sum(logp[i, t].item() for i, t in toks) / N
-        ma = sum(adv[i].item() for i, t in toks) / N
-        c = {(i, t): (logp[i, t].item() - ml) * (adv[i].item() - ma) for i, t in toks}
-        mc = sum(c.values()) / N
-        sd = math.sqrt(sum((v - mc) ** 2 for v in c.values()) / N)
-        raw = {k: (math.exp(-v * v / (2 * sd * sd)) if sd >= 1e-8 else 1.0) for k, v in c.items()}
-        z = sum(raw.values())
-        w = {k: torch.tensor(v * N / z) for k, v in raw.items()}
+    if name == "cw_grpo":              # per group of `group` rows (None: all rows), the weights detached
+        G = group or B
+        for first in range(0, B, G):
+            rows = range(first, first + G)
+            own = [(i, t) for i, t in toks if i in rows]
+            ml = {i: sum(logp[i, t].item() for t in range(T) if valid[i][t]) / n_i[i] for i in rows}
+            ma = sum(adv[i].item() for i in rows) / G                       # each row once
+            c = {(i, t): (logp[i, t].item() - ml[i]) * (adv[i].item() - ma) for i, t in own}
+            mc = sum(c.values()) / len(own)
+            sd = math.sqrt(sum((v - mc) ** 2 for v in c.values()) / len(own)) + 1e-8
+            raw = {k: math.exp(-v * v / (2 * sd * sd)) for k, v in c.items()}
+            z = sum(raw.values())
+            w.update({k: torch.tensor(v * len(own) / z) for k, v in raw.items()})
     obj = {}
     for i, t in toks:
         lp, A = logp[i, t], adv[i].item()
@@ -489,9 +686,11 @@ def test_matches_independent_implementation(name, agg, beta):
     for seed in range(3):
         logp, old, ref, adv, mask, entropy = random_batch(B=6, T=5, seed=100 + seed)
         x = logp.detach().clone().requires_grad_()
-        want, w, M = reference_loss(name, x, old, ref, adv, mask, entropy, beta, agg)
+        group = {"cw_grpo": 3}.get(name)                # two groups of 3 rows
+        want, w, M = reference_loss(name, x, old, ref, adv, mask, entropy, beta, agg, group)
         want.backward()
-        got, grad, info = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, beta=beta, agg=agg)
+        extra = {"group_size": group} if group else {}
+        got, grad, info = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, beta=beta, agg=agg, **extra)
         assert got.item() == pytest.approx(want.item(), rel=1e-6, abs=1e-12)
         assert torch.allclose(grad, x.grad, rtol=1e-6, atol=1e-12)
         for (i, t), v in w.items():
@@ -551,6 +750,31 @@ def test_the_written_out_gradient_passes_gradcheck():
     bf16 = logits.detach().to(torch.bfloat16).requires_grad_()
     losses._TokenLogprobs.apply(bf16, tokens, 1.0)[0].sum().backward()
     assert bf16.grad.dtype == torch.bfloat16                     # the gradient comes back in the logits' dtype
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_token_logprobs_equals_the_plain_autograd_computation(dtype, tol, monkeypatch):
+    """The default path (the _TokenLogprobs device, in row chunks) and token_logprobs_plain
+    (what --plain scores with: log_softmax, gather, no custom autograd) agree on values,
+    entropies, dtypes and gradients, at a temperature other than 1."""
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 4 * 40)        # several chunks
+    g = torch.Generator().manual_seed(6)
+    logits = (4 * torch.randn(3, 5, 40, generator=g, dtype=dtype)).requires_grad_()
+    tokens = torch.randint(0, 40, (3, 5), generator=g)
+    upstream = torch.randn(3, 5, generator=g, dtype=dtype)        # any weighting of the tokens
+    results = []
+    for fn in (token_logprobs, token_logprobs_plain):
+        logp, entropy = fn(logits, tokens, 0.7)
+        assert logp.dtype == entropy.dtype == dtype and not entropy.requires_grad
+        (grad,) = torch.autograd.grad((logp * upstream).sum(), logits)
+        results.append((logp.detach(), entropy, grad))
+    for fast, plain in zip(*results):
+        assert torch.allclose(fast, plain, rtol=0, atol=tol)
+    assert results[0][2].abs().sum() > 0
+    bf16 = logits.detach().to(torch.bfloat16)                     # bf16 logits: both score in float32
+    fast, plain = token_logprobs(bf16, tokens, 0.7), token_logprobs_plain(bf16, tokens, 0.7)
+    assert fast[0].dtype == plain[0].dtype == torch.float32
+    assert torch.allclose(fast[0], plain[0], atol=1e-5) and torch.allclose(fast[1], plain[1], atol=1e-5)
 
 
 def test_temperature_matters_and_entropy_is_of_the_full_distribution():

@@ -105,8 +105,9 @@ def run_step(cfg, model, tok, monkeypatch, batch_cache):
 @pytest.mark.parametrize("loss", list(LOSSES))
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
 def test_a_whole_step_with_the_speed_devices_equals_the_plain_step(which, loss, request, monkeypatch):
-    """--plain (score() on full-width rows) against the default (prompts shared, micro-batches
-    cut to their longest completion), on the same replayed rollout: the same gradient and metrics."""
+    """--plain (score() on full-width rows, log-probs by token_logprobs_plain) against the default
+    (prompts shared, micro-batches cut to their longest completion, _TokenLogprobs), on the same
+    replayed rollout: the same gradient and metrics."""
     cfg, model, tok = request.getfixturevalue(which)
     cfg.loss, cfg.max_grad_norm = loss, 1e9
     results, cache = [], {}

@@ -1,6 +1,7 @@
 """Tests for train.py: end-to-end runs of the tiny preset, exact resume, bad inputs, and the
 GRPO traps (pad == eos masks, hidden sampling defaults, scoring vs sampling, micro-batching)."""
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import data
+import losses
 import models
 import sampling
 import scoring
@@ -121,6 +123,30 @@ def test_each_loss_runs_a_step(tmp_path, warm):
             assert 0 <= step["kl_mask_frac"] <= 1
 
 
+def test_two_updates_per_batch_log_the_clip_of_every_update(tmp_path, warm):
+    """The first update of a step is on policy (ratio 1, nothing clipped); the second is not.
+    clip_frac, its two sides and abs_log_ratio are logged over every update, so a run with
+    --updates-per-batch 2 shows the clip acting (lr 1e-3: the tiny model moves enough)."""
+    out = tmp_path / "tepo"
+    assert run(["--out", str(out), "--steps", "3", "--loss", "tepo", "--updates-per-batch", "2",
+                "--lr", "1e-3", "--beta", "0.04", "--eval-n", "4"], warm) == 0
+    steps = [l for l in read(out / "metrics.jsonl") if "loss" in l]
+    assert any(l["clip_frac"] > 0 for l in steps), steps
+    for l in steps:
+        assert l["clip_frac"] == pytest.approx(l["clip_low_frac"] + l["clip_high_frac"])
+    assert any(l["abs_log_ratio"] > 0 for l in steps)
+    assert all(0 <= l["kl_mask_frac"] <= 1 for l in steps) and any(l["kl_mask_frac"] > 0 for l in steps)
+
+
+def test_kl_mask_frac_is_logged_only_where_beta_gives_the_mask_something_to_multiply(tmp_path, warm):
+    for beta in ("0", "0.04"):
+        out = tmp_path / f"beta-{beta}"
+        args = ["--out", str(out), "--steps", "1", "--loss", "tepo", "--beta", beta, "--eval-n", "4"]
+        assert run(args, warm) == 0
+        step = [l for l in read(out / "metrics.jsonl") if "loss" in l][0]
+        assert ("kl_mask_frac" in step) == (beta != "0"), beta
+
+
 def losses_and_rewards(path):
     return [(l["step"], l["loss"], l["reward"]) for l in read(path) if "loss" in l]
 
@@ -191,6 +217,9 @@ def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypa
     (["--preset", "huge"], "invalid choice"),
     (["--group-size", "1"], "group-size must be >= 2"),
     (["--micro-batch", "5"], "divisible"),
+    (["--cw-normalise", "tokens"], "invalid choice"),
+    (["--loss", "cw_grpo", "--no-cw-detach", "--micro-batch", "2"], "multiple of 4 (whole groups)"),
+    (["--loss", "cw_grpo", "--no-cw-detach", "--cw-scope", "batch", "--micro-batch", "8"], "multiple of 16"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -300,9 +329,15 @@ def test_ratio_is_one_before_the_first_update_and_warns_otherwise(tiny, capsys):
     assert "ratio is not 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
+CW_OPTIONS = {"cw_grpo, theirs": dict(cw_normalise="padded", cw_detach=False),     # weights in each micro-batch
+              "cw_grpo, batch scope": dict(cw_scope="batch")}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES) + list(CW_OPTIONS))
 def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss, monkeypatch):
     cfg, model, tok = tiny
+    if loss in CW_OPTIONS:             # micro-batch 4 = one group of 4: the weights of --no-cw-detach are exact
+        cfg, loss = dataclasses.replace(cfg, **CW_OPTIONS[loss]), "cw_grpo"
     problems = train.load_problems(cfg)[0][:4]
     monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
     ref = copy.deepcopy(model).requires_grad_(False)
@@ -320,6 +355,35 @@ def test_micro_batching_inside_the_loop_gives_the_full_batch_gradient(tiny, loss
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+def test_cw_grpo_weights_are_per_group_of_the_step(tiny, monkeypatch):
+    """The weights the loss applies are cw_grpo_weights of each group of G rows, from the sampling
+    policy's log-probs; with --no-cw-detach, the loss computes the same from the live log-probs."""
+    cfg, model, tok = tiny
+    problems = train.load_problems(cfg)[0][:4]
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))  # mixed rewards
+    calls, real = [], LOSSES["cw_grpo"]
+
+    @functools.wraps(real)
+    def spy(logp, old_logp, ref_logp, adv, mask, entropy=None, **kw):
+        loss, info = real(logp, old_logp, ref_logp, adv, mask, entropy, **kw)
+        calls.append(dict(old=old_logp.detach(), adv=adv, mask=mask, weights=info["weights"], kw=kw))
+        return loss, info
+    monkeypatch.setitem(train.LOSSES, "cw_grpo", spy)
+    for detach in (True, False):
+        calls.clear()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        torch.manual_seed(5)
+        run_cfg = dataclasses.replace(cfg, loss="cw_grpo", cw_detach=detach, micro_batch=16)
+        train.grpo_step(model, None, tok, opt, sched, problems, run_cfg, torch.device("cpu"))
+        (call,) = calls
+        assert ("weights" in call["kw"]) == detach and call["kw"]["group_size"] == 4
+        want = losses.cw_grpo_weights(call["old"], call["adv"], call["mask"], 4)
+        assert torch.allclose(call["weights"], want, atol=1e-6)
+        one_group = losses.cw_grpo_weights(call["old"], call["adv"], call["mask"])
+        assert not torch.allclose(call["weights"], one_group, atol=1e-3)      # G matters: the check can fail
 
 
 def test_lora_reference_is_the_base_with_adapters_disabled(warm, monkeypatch):

@@ -116,6 +116,10 @@ def test_bad_loss_name_and_kwargs(model_dir, tmp_path):
         make_trainer(model_dir, tmp_path, loss_kwargs={"clip_eps": 0.3})
     with pytest.raises(ValueError, match=r"unknown aggregation 'mean'"):
         make_trainer(model_dir, tmp_path, loss_kwargs={"agg": "mean"})
+    with pytest.raises(ValueError, match=r"'group_size'.*GRPOConfig.num_generations"):
+        make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"group_size": 8})
+    with pytest.raises(ValueError, match=r"detach=False.*whole groups"):
+        make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"detach": False})
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -186,7 +190,7 @@ def test_grpo_equals_trl_own_loss(model_dir, tmp_path, loss_type, agg):
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
 def test_accumulation_gives_the_whole_batch_gradient(model_dir, tmp_path, agg):
     """The same 16-row generation batch, 1 x 16 rows or 4 x 4 rows: the same gradient (CW-GRPO,
-    whose weights are batch statistics, so that both the scale and the weights are checked).
+    whose weights are group statistics, so that both the scale and the weights are checked).
 
     In float64: in float32 the two differ by ~1e-4 (max |grad| ~0.1) for TRL's own loss_type="grpo"
     too, because the gradient is a sum of large per-row terms that cancel (advantages sum to 0
@@ -208,19 +212,22 @@ def test_accumulation_gives_the_whole_batch_gradient(model_dir, tmp_path, agg):
 @pytest.mark.slow
 @pytest.mark.parametrize("iterations", [1, 2])
 def test_cw_weights_are_whole_batch_statistics(model_dir, tmp_path, monkeypatch, iterations):
-    """The weights each micro-batch uses are cw_grpo_weights of the whole generation batch, from
-    the sampling policy's log-probs: computed once, reused by a second update on the same batch
-    (num_iterations=2, off-policy: TRL then stores old log-probs and the ratio moves off 1)."""
+    """With scope="batch" (statistics of every row, the widest case), the weights each micro-batch
+    uses are cw_grpo_weights of the whole generation batch, from the sampling policy's log-probs:
+    computed once, reused by a second update on the same batch (num_iterations=2, off-policy: TRL
+    then stores old log-probs and the ratio moves off 1)."""
     calls = spy_on(monkeypatch, "cw_grpo")
-    trainer = make_trainer(model_dir, tmp_path, loss="cw_grpo", per_device_train_batch_size=4,
-                           gradient_accumulation_steps=4, num_iterations=iterations, max_steps=iterations)
+    trainer = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"scope": "batch"},
+                           per_device_train_batch_size=4, gradient_accumulation_steps=4, num_iterations=iterations,
+                           max_steps=iterations)
     trainer.train()
     assert len(calls) == 4 * iterations
     cat = lambda key, part: torch.cat([c[key] for c in part])
     first, last = calls[:4], calls[-4:]
     used, mask = cat("weights", last), cat("mask", last)
-    whole = cw_grpo_weights(cat("old_logp", first), cat("adv", first), cat("mask", first))   # row order is irrelevant
-    per_micro = torch.cat([cw_grpo_weights(c["old_logp"], c["adv"], c["mask"]) for c in first])
+    batch = dict(scope="batch")                                                              # row order is irrelevant
+    whole = cw_grpo_weights(cat("old_logp", first), cat("adv", first), cat("mask", first), **batch)
+    per_micro = torch.cat([cw_grpo_weights(c["old_logp"], c["adv"], c["mask"], **batch) for c in first])
     if iterations == 2:     # the second update saw the same rows (reshuffled): align them by sorting
         key = lambda part: torch.argsort(cat("adv", part) * 1e3 + cat("old_logp", part).sum(1))
         a, b = key(first), key(last)
@@ -234,6 +241,39 @@ def test_cw_weights_are_whole_batch_statistics(model_dir, tmp_path, monkeypatch,
           f"per-micro-batch vs whole batch: {d_micro:.3f}")
     assert d_whole < 1e-4 and d_micro > 1e-2
     assert abs((used * mask).sum() / mask.sum() - 1) < 1e-5        # mean 1 over the batch, not per micro-batch
+
+
+@pytest.mark.slow
+def test_cw_weights_are_per_group_of_the_generation_batch(model_dir, tmp_path, monkeypatch):
+    """The default: cw_grpo_weights of each group of num_generations consecutive rows of the
+    gathered generation batch (before TRL shuffles it); each micro-batch's loss then uses its
+    rows' weights. Shuffled micro-batches cut groups, so computing them there would differ."""
+    seen, real = [], trl_grpo.cw_grpo_weights
+
+    def spy(logp, adv, mask, group_size=None, **kw):
+        w = real(logp, adv, mask, group_size, **kw)
+        seen.append(dict(logp=logp.clone(), adv=adv.clone(), mask=mask.clone(), group_size=group_size, kw=kw, w=w))
+        return w
+    monkeypatch.setattr(trl_grpo, "cw_grpo_weights", spy)
+    calls = spy_on(monkeypatch, "cw_grpo")
+    make_trainer(model_dir, tmp_path, loss="cw_grpo", per_device_train_batch_size=4,
+                 gradient_accumulation_steps=4).train()
+    (batch,) = seen
+    assert batch["group_size"] == 4 and batch["kw"] == {}
+    groups = batch["adv"].view(-1, 4)                        # TRL's groups: 4 consecutive rows, advantages sum to 0
+    assert groups.sum(1).abs().max() < 1e-5 and groups.abs().sum() > 1
+    used = 0
+    for c in calls:                                          # each row used carries its own row's weights
+        for logp, adv, mask, w in zip(c["old_logp"], c["adv"], c["mask"], c["weights"]):
+            width = mask.shape[0]
+            rows = [i for i in range(16) if batch["adv"][i] == adv
+                    and torch.allclose(batch["logp"][i, :width] * mask, logp * mask, atol=1e-5)]
+            assert len(rows) == 1 and torch.allclose(batch["w"][rows[0], :width] * mask, w * mask, atol=1e-5)
+            used += 1
+    assert used == 16
+    per_micro = torch.cat([cat_rows([real(c["old_logp"], c["adv"], c["mask"], 4)], batch["w"].shape[1]) for c in calls])
+    used_w = torch.cat([cat_rows([c["weights"]], batch["w"].shape[1]) for c in calls])
+    assert (per_micro - used_w).abs().max() > 1e-2
 
 
 # ----------------------------------------------------------------------------------------
@@ -256,7 +296,8 @@ def worker(model_dir, out):
     trainer = Recording(model=model_dir, reward_funcs=digit_reward,
                         args=config(Path(out), per_device_train_batch_size=4, gradient_accumulation_steps=2),
                         processing_class=models.load_tokenizer(model_dir),
-                        train_dataset=trl_grpo.load_dataset("synthetic", 32), loss="cw_grpo")
+                        train_dataset=trl_grpo.load_dataset("synthetic", 32), loss="cw_grpo",
+                        loss_kwargs={"scope": "batch"})     # statistics across both processes
     assert trainer.accelerator.num_processes == 2
     trainer.train()
     torch.save(dict(batch=batches[0], calls=calls), Path(out) / f"rank{trainer.accelerator.process_index}.pt")
@@ -288,7 +329,8 @@ def test_cw_weights_two_processes_equal_one_process(model_dir, tmp_path):
     calls = [c for r in ranks for c in r["calls"]]
     width = max(c["mask"].shape[1] for c in calls)
     used, mask = cat_rows([c["weights"] for c in calls], width), cat_rows([c["mask"] for c in calls], width)
-    whole = cw_grpo_weights(cat_rows([c["old_logp"] for c in calls], width), torch.cat([c["adv"] for c in calls]), mask)
+    whole = cw_grpo_weights(cat_rows([c["old_logp"] for c in calls], width), torch.cat([c["adv"] for c in calls]), mask,
+                            scope="batch")
     d_used = ((used - whole) * mask).abs().max().item()
 
     # 2. One process, same batch: the trainer's own cw_weights() on both ranks' rows, as one batch.
@@ -298,7 +340,7 @@ def test_cw_weights_two_processes_equal_one_process(model_dir, tmp_path):
                   completion_ids=cat_rows([b["completion_ids"] for b in batches]),
                   completion_mask=cat_rows([b["completion_mask"] for b in batches]),
                   advantages=torch.cat([b["advantages"] for b in batches]))
-    one = make_trainer(model_dir, tmp_path, loss="cw_grpo", per_device_train_batch_size=8)
+    one = make_trainer(model_dir, tmp_path, loss="cw_grpo", loss_kwargs={"scope": "batch"}, per_device_train_batch_size=8)
     single = one.cw_weights(merged)
     two = cat_rows([b["cw_weights"] for b in batches], single.shape[1])
     m = merged["completion_mask"].float()
