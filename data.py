@@ -182,8 +182,8 @@ def wordy_solution(problem):
 
     The tiny preset's warm-up mixes both styles, the way real SFT data mixes terse and chatty
     answers. Within the tiny preset's 20-token budget the wordy one is cut off before its first
-    "=", so it can never score: the warm-up leaves a behaviour for GRPO to discover (see the
-    README, "What the tiny demo can show").
+    "=", so it can never earn a reward: the warm-up leaves a behaviour for GRPO to discover (see
+    docs/results.md, "The tiny model: what it can show").
     """
     first, _, _ = problem["answer"].partition("\n")
     m = re.match(r"(\d+)([-+*/])(\d+)=", first)

@@ -5,8 +5,8 @@ Every loss has the same signature and returns ``(loss, info)``:
     loss, info = LOSSES[name](logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
                               clip_eps=0.2, beta=0.04, agg=<default>, max_tokens=None, **params)
 
-Shapes: ``logp, old_logp, ref_logp, mask, entropy`` are ``[B, T]`` (B = prompts x group
-size, T = completion positions); ``advantages`` is ``[B]``. ``mask`` is a 0/1 float tensor:
+Shapes: ``logp, old_logp, ref_logp, mask, entropy`` are ``[B, C]`` (B = prompts x group
+size, C = completion positions); ``advantages`` is ``[B]``. ``mask`` is a 0/1 float tensor:
 1 on completion tokens up to and including the first EOS, 0 on padding (built from
 positions, never from token ids: on Qwen the pad token is also an EOS token). ``logp``
 carries the gradient; everything else is treated as a constant.
@@ -53,7 +53,7 @@ def group_advantages(rewards, group_size, scale_std=True):
 
 
 def aggregate(x, mask, agg, max_tokens=None):
-    """Reduce a per-token quantity ``x[B, T]`` to a scalar over valid tokens.
+    """Reduce a per-token quantity ``x[B, C]`` to a scalar over valid tokens.
 
     seq-mean-token-mean (GRPO paper): each sequence counts equally; a token of a long
         answer counts less than a token of a short one (length bias).
@@ -174,7 +174,7 @@ def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
     """TR-GRPO's shaping weight w(p) = clamp(alpha * (sigmoid(p / tau) - mu), w_min, w_max).
 
     Monotone non-decreasing in the token's probability p: 1.0 for p <~ 0.12, ~1.22 at
-    p = 0.2, 1.4 for p >~ 0.4 with the defaults. [reconstruction: tau read as 1/9]
+    p = 0.2, 1.4 for p >~ 0.33 with the defaults. [reconstruction: tau read as 1/9]
     """
     # BEGIN SOLUTION tr_grpo_weights
     p = torch.exp(logp.detach())
@@ -226,12 +226,12 @@ def cw_grpo_weights(logp, advantages, mask, group_size=None, *, scope="group", n
         raise ValueError(f"scope must be 'group' or 'batch', got {scope!r}")
     if normalise not in ("valid", "padded"):
         raise ValueError(f"normalise must be 'valid' or 'padded', got {normalise!r}")
-    B, T = logp.shape
+    B, C = logp.shape
     G = B if group_size is None or scope == "batch" else group_size
     if G < 1 or B % G:
         raise ValueError(f"group_size={group_size} must divide the {B} rows into whole groups")
-    m = mask.to(logp.dtype).reshape(-1, G, T)                       # [groups, G, T]
-    l = logp.reshape(-1, G, T) * m                                   # padding's values never enter
+    m = mask.to(logp.dtype).reshape(-1, G, C)                       # [groups, G, C]
+    l = logp.reshape(-1, G, C) * m                                   # padding's values never enter
     a = advantages.to(logp.dtype).reshape(-1, G, 1)
     n = m.sum(-1, keepdim=True)                                      # valid tokens per row
     N = n.sum(1, keepdim=True).clamp(min=1)                          # ... per group
@@ -248,7 +248,7 @@ def cw_grpo_weights(logp, advantages, mask, group_size=None, *, scope="group", n
     sigma = var.clamp(min=torch.finfo(var.dtype).tiny).sqrt() + 1e-8
     w = torch.exp(-c.square() / (2 * sigma.square())) * m
     Z = N if normalise == "valid" else G * n.amax(1, keepdim=True)
-    return (w * Z / w.sum((1, 2), keepdim=True).clamp(min=torch.finfo(w.dtype).tiny)).reshape(B, T)
+    return (w * Z / w.sum((1, 2), keepdim=True).clamp(min=torch.finfo(w.dtype).tiny)).reshape(B, C)
     # END SOLUTION
 
 
@@ -281,7 +281,7 @@ def cw_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
 
 
 def tepo_sequence_ratio(logp, old_logp, mask):
-    """TEPO's likelihood ratio ``[B, T]``: one value per sequence, a gradient per token.
+    """TEPO's likelihood ratio ``[B, C]``: one value per sequence, a gradient per token.
 
         log s_i = sum_t (logp_t - old_logp_t) m_t / sum_t m_t   (geometric mean of the token ratios)
         s_i,t   = exp(sg[log s_i] + logp_t - sg[logp_t])         (sg = stop-gradient, ``.detach()``)
@@ -299,7 +299,7 @@ def tepo_sequence_ratio(logp, old_logp, mask):
 
 
 def tepo_kl_mask(logp, entropy, advantages, mask):
-    """TEPO's KL mask ``[B, T]``: 1.0 on the tokens whose reinforcement would lower entropy.
+    """TEPO's KL mask ``[B, C]``: 1.0 on the tokens whose reinforcement would lower entropy.
 
         M_i,t = (A_i > 0) and (logp_t + H_t > 0) and (m_t = 1),  else 0.0   (both ">" strict)
 
@@ -328,7 +328,7 @@ def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     log pi(o_t) + H_t > 0; the mask's KL anchored to the reference model.
     """
     if entropy is None:
-        raise ValueError("tepo_loss needs entropy [B, T] (full-vocabulary entropy of the policy)")
+        raise ValueError("tepo_loss needs entropy [B, C] (full-vocabulary entropy of the policy)")
     ratio = tepo_sequence_ratio(logp, old_logp, mask)                                 # <- new
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     kl_mask = tepo_kl_mask(logp, entropy, advantages, mask)                           # <- new
@@ -358,9 +358,9 @@ class _TokenLogprobs(torch.autograd.Function):
 
     Speed device: autograd's own backward through gather and logsumexp builds three [N, V]
     temporaries and recomputes the softmax; this one keeps the softmax the entropy needed
-    anyway and turns it into the gradient with one multiply and one scatter. On SmolLM2's
-    768 x 49,152 logits of one micro-batch (2 cores): 0.79 s for log-probs, entropy and
-    backward pass before, 0.40 s after."""
+    anyway and turns it into the gradient with one multiply and one scatter (what that saves:
+    docs/performance.md). On a first read, skip it: ``token_logprobs_plain`` below computes
+    the same numbers and gradient the obvious way."""
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature):
@@ -413,7 +413,7 @@ def token_logprobs(logits, tokens, temperature=1.0):
     the sampled token (a common shortcut that measures surprise, not spread), and carries no
     gradient. Both are float32 for bf16, fp16 or fp32 logits (float64 for float64 ones),
     computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
-    [B, T, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
+    [B, C, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
     under autograd the softmax kept for the backward pass is one float32 copy of the logits.
     The gradient is _TokenLogprobs'; token_logprobs_plain is the same without that device.
     """
@@ -469,8 +469,9 @@ def _demo():
     for i in range(4):
         print(f"  row {i}  A={adv[i]:+.2f}  " + "  ".join(
             f"{v:.2f}" if m else "  . " for v, m in zip(p[i].tolist(), mask[i].tolist())))
-    print("\nOn-policy the ratio is exactly 1, so loss = -aggregate(w * A) + beta * KL; "
-          "the gradient is what differs.")
+    print("\nOn policy the ratio is exactly 1, so loss = -aggregate(w * A) + beta * KL for GRPO,"
+          " TR-GRPO and CW-GRPO\n(w = their weights, 1 for GRPO) and -aggregate(A) + beta * M * KL"
+          " for TEPO; the gradient is what differs.")
     for name, fn in LOSSES.items():
         logp.grad = None
         loss, info = fn(logp, old_logp, ref_logp, adv, mask, entropy)
@@ -483,15 +484,15 @@ def _demo():
                 f"{v:.2f}" if m else "  . " for v, m in zip(shown[i].tolist(), mask[i].tolist())))
 
 
-def _bench(B=128, T=512, repeats=20, rounds=7):
+def _bench(B=128, C=512, repeats=20, rounds=7):
     torch.manual_seed(0)
-    logp = (torch.rand(B, T) * 4 - 4).log_softmax(-1).clamp(min=-20)
-    old_logp = logp + 0.05 * torch.randn(B, T)
-    ref_logp = logp + 0.05 * torch.randn(B, T)
-    entropy = torch.rand(B, T) * 3
+    logp = (torch.rand(B, C) * 4 - 4).log_softmax(-1).clamp(min=-20)
+    old_logp = logp + 0.05 * torch.randn(B, C)
+    ref_logp = logp + 0.05 * torch.randn(B, C)
+    entropy = torch.rand(B, C) * 3
     adv = group_advantages(torch.randint(0, 2, (B,)).float(), group_size=8)
-    lengths = torch.randint(T // 4, T + 1, (B,))
-    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    lengths = torch.randint(C // 4, C + 1, (B,))
+    mask = (torch.arange(C)[None] < lengths[:, None]).float()
     xs = {name: logp.clone().requires_grad_() for name in LOSSES}
     times = {name: float("inf") for name in LOSSES}
     for _ in range(rounds):               # interleaved rounds, best of each: robust to noise
@@ -502,7 +503,7 @@ def _bench(B=128, T=512, repeats=20, rounds=7):
                 loss, _ = fn(xs[name], old_logp, ref_logp, adv, mask, entropy)
                 loss.backward()
             times[name] = min(times[name], (time.perf_counter() - start) / repeats)
-    print(f"forward+backward, B={B}, T={T}, {torch.get_num_threads()} threads, best of {rounds} rounds x {repeats}:")
+    print(f"forward+backward, B={B}, C={C}, {torch.get_num_threads()} threads, best of {rounds} rounds x {repeats}:")
     for name, t in times.items():
         print(f"  {name:8s} {t * 1e3:7.2f} ms   {t / times['grpo']:.2f}x grpo")
 

@@ -2,9 +2,9 @@
 
 train.rollout() calls one function here:
 
-    completions = sampling.generate(model, prompt_ids, prompt_attn, group_size, ...)   # [B*G, C]
+    completions = sampling.generate(model, prompt_ids, prompt_attn, group_size, ...)   # [B, C], B = P*G
 
-``generate`` is our own decoding loop (``sample``) with three speed devices around it; each is
+``generate`` is our own decoding loop (``sample``) with four speed devices around it; each is
 tested to compute what the plain computation computes (tests/test_speed.py):
 
 * ``prefill``: a group's G completions share their prompt, so the prompt runs once per group and

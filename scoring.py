@@ -57,7 +57,7 @@ def score_sharing_prompts(model, batch, cfg):
     The G completions of a group continue the same prompt, so its keys and values are the
     same G times: run the prompts once (B/G rows), repeat their key/value cache G times, and
     run only the completions on top of it. Rows must come in whole groups."""
-    G, P = cfg.group_size, batch.prompt_ids.shape[1]
+    G, L = cfg.group_size, batch.prompt_ids.shape[1]     # L: prompt width
     firsts = slice(None, None, G)                               # one row per group
     prompt_attn, completions = batch.prompt_attn, batch.completions
     with autocast(cfg, completions.device):
@@ -69,7 +69,7 @@ def score_sharing_prompts(model, batch, cfg):
         # The last completion token is never an input (nothing after it is scored).
         attn = torch.cat([prompt_attn, batch.mask[:, :-1].to(prompt_attn.dtype)], dim=1)
         rest = model(input_ids=completions[:, :-1], attention_mask=attn,
-                     position_ids=(attn.cumsum(1) - 1).clamp(min=0)[:, P:], cache=cache,
+                     position_ids=(attn.cumsum(1) - 1).clamp(min=0)[:, L:], cache=cache,
                      use_cache=True)                            # predicts completion tokens 1..C-1
     # Token 0 is predicted by the prompt pass (the same logits for the G rows of a group).
     first = token_logprobs(prompt.logits.repeat_interleave(G, dim=0), completions[:, :1], cfg.temperature)

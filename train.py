@@ -162,8 +162,8 @@ def parse_config(argv=None):
 @dataclass
 class Rollout:
     """One sampled batch: a row per completion, the G rows of a group adjacent (B = P*G rows)."""
-    prompt_ids: torch.Tensor       # [B, P] prompt tokens, left-padded so completions start together
-    prompt_attn: torch.Tensor      # [B, P] 1 on prompt tokens, 0 on the padding
+    prompt_ids: torch.Tensor       # [B, L] prompt tokens, left-padded so completions start together
+    prompt_attn: torch.Tensor      # [B, L] 1 on prompt tokens, 0 on the padding
     completions: torch.Tensor      # [B, C] sampled tokens; pad after the first EOS
     mask: torch.Tensor             # [B, C] float: 1 up to and including the first EOS, 0 after
     truncated: torch.Tensor        # [B] bool: no EOS within the token budget
@@ -177,7 +177,7 @@ def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
     """``group_size`` completions per question, sampled at cfg.temperature (greedy: the argmax)."""
     enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
               add_special_tokens=False).to(model.device)
-    ids, attn = (enc[k].repeat_interleave(group_size, dim=0) for k in ("input_ids", "attention_mask"))   # [B, P]
+    ids, attn = (enc[k].repeat_interleave(group_size, dim=0) for k in ("input_ids", "attention_mask"))   # [B, L]
     eos = eos_ids(model, tok)
     was_training = model.training
     model.eval()                       # no dropout: sample from the distribution that is scored
@@ -287,13 +287,13 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     total, infos, seen = 0.0, [], []
-    for rows, part in micro_batches(batch, cfg):                # part: these rows, cut to their width w
-        w = part.mask.shape[1]
-        logp, ent = score(policy, part, cfg)                    # [b, w], with gradient
-        old = logp.detach() if old_logp is None else old_logp[rows, :w]
-        ent = ent if entropy is None else entropy[rows, :w]
-        extra = {"weights": cw_weights[rows, :w]} if cw_weights is not None else {}
-        loss, info = loss_fn(logp, old, None if ref_logp is None else ref_logp[rows, :w], adv[rows], part.mask,
+    for rows, part in micro_batches(batch, cfg):                # part: these rows, cut to their width
+        width = part.mask.shape[1]
+        logp, ent = score(policy, part, cfg)                    # [b, width], with gradient
+        old = logp.detach() if old_logp is None else old_logp[rows, :width]
+        ent = ent if entropy is None else entropy[rows, :width]
+        extra = {"weights": cw_weights[rows, :width]} if cw_weights is not None else {}
+        loss, info = loss_fn(logp, old, None if ref_logp is None else ref_logp[rows, :width], adv[rows], part.mask,
                              ent, **kwargs, **extra)
         loss = loss * microbatch_scale(agg, part.mask, batch.mask)
         loss.backward()
