@@ -4,18 +4,22 @@
     python make_assignment.py --out DIR --parts aggregation tepo
     python make_assignment.py --out DIR --answer-key KEY      # also the instructor's copy
 
-The student's copy is the whole repo (the files git tracks, plus new files it does not
-ignore; outside git, every file but runs/ and caches) without .git, with:
+The student's copy is the repo's tracked files (``git ls-files``: an instructor's untracked
+notes stay behind; outside git, every file but runs/ and caches) without .git, with:
   * each chosen part's marked region replaced by ``raise NotImplementedError("<part>: ...")``
     (signatures and docstrings kept) and the marker lines of the other parts removed;
-  * the hidden tests and make_assignment.py left out (assignment.HIDDEN_TESTS: they would
-    give answers away, or only pass with the solutions), and markdown links to them turned
-    into plain text;
+  * the instructor's files left out (``assignment.INSTRUCTOR_ONLY``: the hidden tests, which
+    would give answers away or only pass with the solutions, docs/course.md and this
+    script), and markdown links to them turned into plain text;
+  * a README that is the student's: its reading order starts from HANDOUT.md, its pitfalls
+    cite tests the copy has, and its "For instructors" section is gone;
   * a HANDOUT.md generated from the parts: goal, signatures and docstrings, info keys,
-    errors, points, and the command that grades each part.
-The answer key is the repo as it is (solutions, markers, hidden tests), without .git; both
-copies grade the same parts (``assignment.ASSIGNED``). Nothing is written into a directory
-that exists and is not empty.
+    errors, points, the file each part lives in, what to submit, which libraries are
+    allowed, what to expect once every part passes, and the experiments of
+    docs/experiments.md.
+The answer key is the repo's tracked files as they are (solutions, markers, hidden tests),
+without .git; both copies grade the same parts (``assignment.ASSIGNED``). Nothing is written
+into a directory that exists and is not empty.
 """
 import argparse
 import ast
@@ -33,6 +37,7 @@ LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")             # a markdown link: [
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<part>\S+)\s*$")
 END = re.compile(r"^(?P<indent>\s*)# END SOLUTION\s*$")
 NOT_COPIED = {".git", "runs", "__pycache__", ".pytest_cache", ".benchmarks"}
+EXPERIMENTS = "docs/experiments.md"          # the handout's experiments, with their sanity targets
 
 
 class AssignmentError(Exception):
@@ -43,10 +48,11 @@ class AssignmentError(Exception):
 # Which files make up the repo
 
 def repo_files(root):
-    """Relative paths of the repo's files: git's tracked and not-ignored new files, or a walk."""
+    """Relative paths of the repo's files: those git tracks (a new file is copied once it is
+    added), or, outside a git checkout (an answer key), every file but runs/ and caches."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=root, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout
         names = [n for n in out.split("\0") if n]
     except (OSError, subprocess.CalledProcessError):           # no git, or not a git repo
         names = [str(p.relative_to(root)) for p in root.rglob("*")]
@@ -162,26 +168,61 @@ def api(part, root):
     return "\n\n".join(blocks)
 
 
+# How each part file is graded: what its tests import besides it.
+GRADED_WITH = {
+    "losses.py": "alone: it imports only torch",
+    "rewards.py": "alone: it imports only the standard library",
+    "train.py": "with `losses.py` and `rewards.py` replaced by stand-ins: `train.py` imports them, "
+                "`completion_mask` needs neither",
+}
+
+
 def handout(root, parts):
-    total = sum(p.points for p in parts)
+    total, files = sum(p.points for p in parts), sorted({p.file for p in parts})
+    visible = f"{1 - assignment.HIDDEN_SHARE:.0%}"
     out = ["# Assignment: GRPO and three token-regulated variants\n",
-           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo, {total} points in all. Each part is one "
-           "function or a few short ones, in the file named below; until you write them their bodies raise "
-           "`NotImplementedError(\"<part>: ...\")`. Keep every signature. The docstrings are the "
-           "specification (shapes, equations, defaults); README.md explains the methods and their pitfalls.\n",
+           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo, {total} points in all, and run "
+           "four small experiments. Each part is one function or a few short ones, in the file named below; until "
+           "you write them their bodies raise `NotImplementedError(\"<part>: ...\")`. Keep every signature. The "
+           "docstrings are the specification (shapes, equations, defaults); README.md explains the methods and "
+           "their pitfalls.\n",
            "## Grading\n",
-           "    python grade.py                  # every part: tests passed / total, points / max, total",
+           "    python grade.py                  # every part: visible tests passed / total, points / max, total",
            "    python grade.py --part NAME      # one part",
            "    python grade.py --json           # the same as one JSON object\n",
-           "Each part's graded tests are in `tests/graded/test_<part>.py`: small literal inputs whose "
-           "expected values are worked out in the test. A part scores its points times the fraction of "
-           "its tests that pass, rounded to 0.1 (all pass: full points; none: 0). The tests of one part "
-           "never call another part's function, so the parts can be written in any order. The other "
-           "tests (`python -m pytest -q`) check the whole repo and are not graded; some fail until "
-           "every part is written. Your copy is graded with the instructor's own `tests/graded` and "
-           "`grade.py`: change your source files, not them.\n",
+           "Each part's visible tests are in `tests/graded/test_<part>.py`: small literal inputs whose expected "
+           "values are worked out in the test. Your instructor grades with more: hidden tests that check each part "
+           "on random inputs against independent computations, worth "
+           f"{assignment.HIDDEN_SHARE:.0%} of its points (the visible tests give the other {visible}). Code that "
+           f"only reproduces the visible tests' literals scores at most {visible} of a part. A part scores its "
+           "points times the fraction of its tests that pass, rounded to 0.1. Each part's tests run in a process "
+           "of their own, under a time limit; nothing your code prints counts. The tests of one part never call "
+           "another part's function, so the parts can be written in any order. The other tests "
+           "(`python -m pytest -q`) check the whole repo and are not graded; some fail until every part is "
+           "written. Change your source files, not the tests or `grade.py`: the instructor uses their own.\n",
            "| part | file | write | points |", "|---|---|---|---|"]
     out += [f"| `{p.name}` | `{p.file}` | {', '.join(f'`{f}`' for f in p.functions)} | {p.points} |" for p in parts]
+    out += ["\n## Files, and what each part depends on\n",
+            "| file | its parts | its tests load it |", "|---|---|---|"]
+    out += [f"| `{f}` | {', '.join(f'`{p.name}`' for p in parts if p.file == f)} | {GRADED_WITH.get(f, '')} |"
+            for f in files]
+    out += ["\nA syntax error, or an exception while a file is imported, costs the parts of that file and no "
+            "other.\n",
+            "## What to submit\n",
+            f"- Your {', '.join(f'`{f}`' for f in files)}: the file{'s' * (len(files) > 1)} your parts live in. "
+            "Nothing else is graded: another file (a helper module, your own tests, a changed `tests/graded/`) is "
+            "listed by the grader and neither copied nor used, so keep any helper inside the part's file.",
+            "- A write-up (PDF or Markdown) with the plots and the answers of the experiments below.\n",
+            "## Libraries\n",
+            "Allowed: Python's standard library and torch (`torch.nn.functional` included). Not allowed: calling "
+            "or copying a published implementation of these functions, such as TRL's log-prob and entropy helpers "
+            "(`selective_log_softmax`, `entropy_from_logits`) or its GRPO loss, verl's, OpenRLHF's, or the "
+            "repository this assignment comes from. No new dependencies: your files are graded with "
+            "`requirements.txt` alone.\n",
+            "## Once every part passes\n",
+            "`python -m pytest -q` passes, and `make demo-tiny` trains the tiny model: held-out greedy accuracy "
+            "goes 0.000 → about 0.45 in 150 steps (0.446 on seed 0), in a few minutes on a laptop's CPU. Then "
+            "run the experiments."]
     for n, p in enumerate(parts, 1):
         out += [f"\n## {n}. `{p.name}` ({p.points} points)\n", p.goal + "\n",
                 f"In `{p.file}`:\n", "```python", api(p, root), "```\n"]
@@ -189,11 +230,30 @@ def handout(root, parts):
             if value:
                 out.append(f"**{label}:** {value}\n")
         out.append(f"Graded by `{assignment.graded_tests_of(p)}`: `python grade.py --part {p.name}`")
+    if (root / EXPERIMENTS).exists():
+        out.append("\n" + experiments(root))
     return "\n".join(out) + "\n"
+
+
+def experiments(root, source=EXPERIMENTS):
+    """docs/experiments.md as a section of HANDOUT.md: headings one level down, links from the root."""
+    text = (root / source).read_text(encoding="utf-8")
+    text = re.sub(r"(?m)^(#+) ", r"#\1 ", text)
+    def from_root(m):
+        target = m[2]
+        if re.match(r"[a-z]+:|#", target):
+            return m[0]
+        return f"[{m[1]}]({os.path.normpath(os.path.join(os.path.dirname(source), target)).replace(os.sep, '/')})"
+    return LINK.sub(from_root, text).rstrip()
 
 
 # ----------------------------------------------------------------------------------------
 # The copies
+
+def instructor_only(name):
+    """Whether the student's copy leaves out this file (assignment.INSTRUCTOR_ONLY, folders included)."""
+    return any(name == x or name.startswith(x.rstrip("/") + "/") for x in assignment.INSTRUCTOR_ONLY)
+
 
 def empty_destination(path, root):
     path = Path(path).resolve()
@@ -211,8 +271,76 @@ def unlink_left_out(text, name, left_out):
         if not target or re.match(r"[a-z]+:", target):
             return m[0]
         path = os.path.normpath(os.path.join(os.path.dirname(name), target)).replace(os.sep, "/")
-        return f"{m[1]} (instructor's copy only)" if path in left_out else m[0]
+        return f"{m[1]} (instructor's copy only)" if left_out(path) else m[0]
     return LINK.sub(replace, text)
+
+
+# The student's README: what replaces the instructor's reading order and kit row, and the
+# visible test that guards a pitfall whose cited test the copy leaves out.
+STUDENT_NOTE = """> **This is your copy of the assignment.** [HANDOUT.md](HANDOUT.md) says which functions you
+> write, how they are graded, what to hand in, and the experiments to run. Until your parts
+> are written they raise `NotImplementedError`, and so do the commands and the ungraded tests
+> that use them (`make demo`, `python losses.py`); `python grade.py` works from the start.
+"""
+STUDENT_READING_ORDER = """## Reading order
+
+1. [HANDOUT.md](HANDOUT.md): the parts you write, the file each lives in, how they are graded,
+   what to submit, and the experiments.
+2. [`losses.py`](losses.py) top to bottom: the shared pieces (advantages, surrogate, KL,
+   aggregation), then `grpo_loss`, then each variant, a few lines away from it. The bodies you
+   write raise `NotImplementedError`; their docstrings are the specification.
+3. [`tests/graded/`](tests/graded): each part's examples, worked out by hand
+   (`python grade.py --part NAME` runs one part's).
+4. [`train.py`](train.py), top to bottom, with `grpo_step` as the heart of it. Once your parts
+   pass, step through it in a debugger with `python train.py --preset tiny --plain`: `--plain`
+   samples with transformers' `generate()` and scores with the plain `score()`.
+5. [`rewards.py`](rewards.py) and [`data.py`](data.py): what the model is rewarded for.
+6. Only then the machinery: [`sampling.py`](sampling.py) and [`scoring.py`](scoring.py),
+   with [docs/performance.md](docs/performance.md) beside them.
+
+"""
+STUDENT_KIT_ROW = ("| [`grade.py`](grade.py), [`HANDOUT.md`](HANDOUT.md) | your assignment: what to write and "
+                   "hand in, and the grader that scores your parts |")
+STUDENT_TESTS = {
+    "test_group_advantages_zero_std_is_exactly_zero": "test_a_group_with_equal_rewards_gets_exactly_zero",
+    "test_micro_batches_accumulate_to_the_full_batch_gradient": "test_scaled_micro_batches_add_up_to_the_full_batch",
+    "test_temperature_matters_and_entropy_is_of_the_full_distribution":
+        "test_logprob_of_the_token_and_entropy_of_the_whole_distribution",
+    "test_on_policy_ratio_is_one_loss_is_weighted_advantage": "test_ratio_is_one_before_the_first_update_and_warns_otherwise",
+}
+
+
+def student_readme(text, defined, left_out):
+    """The README as the student's copy has it: a note on top, the student's reading order,
+    no "For instructors", the kit row about the student's side of it, pitfalls citing only tests
+    that are in the copy (``defined``), and no bullet pointing at a file it leaves out."""
+    title, _, rest = text.partition("\n\n")
+    sections = re.split(r"(?m)^(?=## )", rest)
+    kept = []
+    for section in sections:
+        heading = section.split("\n", 1)[0]
+        if heading == "## For instructors":
+            continue
+        kept.append(STUDENT_READING_ORDER if heading == "## Reading order" else section)
+    if len(kept) != len(sections) - 1 or STUDENT_READING_ORDER not in kept:
+        raise AssignmentError("README.md: no '## Reading order' or '## For instructors' section to rewrite "
+                              "for the student's copy (make_assignment.student_readme)")
+    out = title + "\n\n" + STUDENT_NOTE + "\n" + "".join(kept)
+    rows = [line for line in out.splitlines() if line.startswith("| [`make_assignment.py`]")]
+    if len(rows) != 1:
+        raise AssignmentError("README.md: no table row starting with [`make_assignment.py`] to replace "
+                              "for the student's copy (make_assignment.STUDENT_KIT_ROW)")
+    out = out.replace(rows[0], STUDENT_KIT_ROW)
+
+    def cite(m):
+        name = STUDENT_TESTS.get(m[1], m[1])
+        return m[0].replace(m[1], name) if name in defined else ""    # a citation it cannot keep goes
+    out = re.sub(r"\s+\(`(test_\w+)`\)", cite, out)              # "... (`test_x`)."
+    out = re.sub(r"; `(test_\w+)`(?=\))", cite, out)               # "(`a formula`; `test_x`)"
+    out = LINK.sub(lambda m: m[1] if m[2] == "#for-instructors" else m[0], out)
+    bullet = re.compile(r"^- \[[^\]]*\]\(([^)#]+)[^)]*\)")
+    return "".join(line for line in out.splitlines(keepends=True)
+                   if not ((m := bullet.match(line)) and left_out(os.path.normpath(m[1]).replace(os.sep, "/"))))
 
 
 def assigned_line(chosen):
@@ -250,23 +378,28 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
     for name in chosen:
         check_part(assignment.part(name), root)
     files = repo_files(root)
-    hidden = set(assignment.INSTRUCTOR_ONLY)
+    copied = [n for n in files if not instructor_only(n)]
     marked = {p.file for p in assignment.PARTS}          # every part's file loses its marker lines
+    defined = {name for n in copied if n.startswith("tests/") and n.endswith(".py")
+               for name in re.findall(r"(?m)^\s*def (test_\w+)", (root / n).read_text(encoding="utf-8"))}
 
     def student(name):
+        text = lambda: (root / name).read_text(encoding="utf-8")
         if name == "assignment.py":
-            return with_assigned((root / name).read_text(encoding="utf-8"), chosen)
+            return with_assigned(text(), chosen)
         if name in marked:
-            return blank((root / name).read_text(encoding="utf-8"), name, set(chosen))
+            return blank(text(), name, set(chosen))
+        if name == "README.md":
+            return unlink_left_out(student_readme(text(), defined, instructor_only), name, instructor_only)
         if name.endswith(".md"):
-            return unlink_left_out((root / name).read_text(encoding="utf-8"), name, hidden)
+            return unlink_left_out(text(), name, instructor_only)
         return None
 
     # Everything is computed before anything is written, so an error leaves no half copy.
-    texts = {n: student(n) for n in files if n not in hidden}
+    texts = {n: student(n) for n in copied}
     guide = handout(root, [assignment.part(n) for n in chosen])
     out.mkdir(parents=True, exist_ok=True)
-    write_copy(root, out, [n for n in files if n not in hidden], texts.get)
+    write_copy(root, out, copied, texts.get)
     (out / "HANDOUT.md").write_text(guide, encoding="utf-8")
     if key:
         key.mkdir(parents=True, exist_ok=True)

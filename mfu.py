@@ -11,7 +11,7 @@ how to read it.
 """
 import argparse
 import functools
-import resource
+import sys
 import time
 
 import torch
@@ -41,7 +41,7 @@ def matmul_peak(device_type, dtype=torch.float32, n=2048, repeats=5):
     # run after step 1, and that of a resumed run differently from an uninterrupted one.
     gen = torch.Generator(device=device_type).manual_seed(0)
     a, b = (torch.randn(n, n, device=device_type, dtype=dtype, generator=gen) for _ in range(2))
-    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device_type, lambda: None)
     best = float("inf")
     for i in range(repeats + 2):
         sync()
@@ -79,15 +79,23 @@ def phase_mfu(model, batch, cfg, times, device):
 
 
 def peak_mem_gb(device):
-    """Peak memory so far: allocated on the GPU, or the process's peak resident set on the CPU."""
+    """Peak memory so far, in GiB: allocated on a CUDA GPU; elsewhere the process's peak
+    resident set (Apple's GPU shares the process's memory, so on MPS too). None where the
+    platform cannot say: native Windows has no ``resource`` module."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20     # KiB on Linux
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2 ** (30 if sys.platform == "darwin" else 20)     # bytes on macOS, KiB on Linux
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="This machine's matmul peak, against which MFU is measured.")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else
+                        "mps" if torch.backends.mps.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = torch's default")
     args = parser.parse_args()

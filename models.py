@@ -15,6 +15,7 @@ Three sources, one return value ``(model, tokenizer)`` in float32:
 Every cache here is written to a temporary directory and renamed into place, so a crash or
 two runs starting at once never leave half a model behind.
 """
+import contextlib
 import copy
 import hashlib
 import importlib
@@ -284,11 +285,40 @@ def reference_model(policy, cfg):
 
 
 def pick_device(cfg):
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+    """--device as a torch.device; "auto" takes a CUDA GPU, then Apple's GPU (MPS), then the CPU.
+    An error that says what to do when the device asked for is not there, or cannot compute
+    in --dtype (bf16 on MPS needs macOS 14)."""
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    name = cfg.device if cfg.device != "auto" else "cuda" if cuda else "mps" if mps else "cpu"
+    if name == "cuda" and not cuda:
         raise SystemExit("error: --device cuda but no CUDA GPU is visible")
-    return torch.device(cfg.device)
+    if name == "mps" and not mps:
+        raise SystemExit("error: --device mps but Apple's GPU (MPS) is not available: it needs a Mac with "
+                         "Apple silicon, macOS 12.3 or newer and a torch built with MPS; use --device cpu")
+    if name == "mps" and cfg.dtype == "bfloat16" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        raise SystemExit("error: --dtype bfloat16 on Apple's GPU (MPS) needs macOS 14 or newer; use --dtype float32")
+    return torch.device(name)
+
+
+def mps_fallback_advice(error):
+    """What to do about an op Apple's GPU lacks (torch raises NotImplementedError naming the
+    MPS device), or None for any other error."""
+    if isinstance(error, NotImplementedError) and "MPS" in str(error):
+        return (f"an operation this run needs is not implemented on Apple's GPU (MPS):\n  {error}\n"
+                "Run again with PYTORCH_ENABLE_MPS_FALLBACK=1 set in the environment (that operation then "
+                "runs on the CPU, the rest on MPS), or with --device cpu.")
+    return None
+
+
+@contextlib.contextmanager
+def mps_advice():
+    """Inside, an op Apple's GPU lacks stops the program with mps_fallback_advice's message."""
+    try:
+        yield
+    except NotImplementedError as e:
+        if (advice := mps_fallback_advice(e)) is None:
+            raise
+        raise SystemExit(f"error: {advice}") from None
 
 
 def make_optimizer(policy, cfg):

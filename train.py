@@ -71,7 +71,7 @@ class Config:
     eval_batch: int = 250
     sample_every: int = 10         # append a sampled group to samples.jsonl, print a completion
     ckpt_every: int = 25
-    device: str = "auto"           # auto | cpu | cuda
+    device: str = "auto"           # auto (CUDA, then Apple's MPS, then CPU) | cpu | cuda | mps
     dtype: str = "float32"         # float32 | bfloat16 (autocast; master weights stay float32)
     grad_checkpointing: bool = False
     lora_rank: int = 0             # > 0: train LoRA adapters (needs `pip install peft`)
@@ -129,7 +129,7 @@ def parse_config(argv=None):
             type_name = f.type if isinstance(f.type, str) else f.type.__name__
             kind = {"int": int, "float": float, "str": str}.get(type_name)
             choices = {"preset": list(PRESETS), "loss": list(LOSSES), "dtype": ["float32", "bfloat16"],
-                       "device": ["auto", "cpu", "cuda"], "cw_scope": ["group", "batch"],
+                       "device": ["auto", "cpu", "cuda", "mps"], "cw_scope": ["group", "batch"],
                        "cw_normalise": ["valid", "padded"],
                        "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
                        }.get(f.name)
@@ -435,4 +435,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with models.mps_advice():          # an op Apple's GPU lacks: what to do, instead of a traceback
+        sys.exit(main())

@@ -1,12 +1,17 @@
-"""The course kit: make_assignment.py writes a student copy that grade.py scores correctly.
+"""The course kit: make_assignment.py writes a student copy and an answer key, and grade.py
+scores each part alone, from the instructor's tree, whatever a submission does.
 
-The isolation check (slow, about a minute): for every part, a copy with that part alone
-blanked grades 0 on it and full points on every other part; the answer key grades full
-points; a copy with every part blanked grades 0 everywhere and the grader does not crash.
+The isolation check (slow): for every part, a copy with that part alone blanked grades 0 on
+it and full points on every other part; the answer key grades full points, hidden tests
+included; a copy with every part blanked grades 0 everywhere and the grader does not crash.
+Each copy's tests run in one process here (``grade.py --record``), scored by grade.score.
+Then submissions graded end to end with ``grade.py --submission`` from an answer key.
 Instructor-only: left out of the student's copy (assignment.HIDDEN_TESTS).
 """
 import ast
+import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,18 +21,26 @@ from pathlib import Path
 import pytest
 
 import assignment
+import grade
 import make_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = [p.name for p in assignment.PARTS]
 
 
-def grade(copy):
-    """``python grade.py --all --json`` in a copy: the parsed JSON object."""
-    run = subprocess.run([sys.executable, "grade.py", "--all", "--json"], cwd=copy, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode in (0, 1), run.stderr[-3000:]
-    return json.loads(run.stdout)
+def grade_in_one_process(copy):
+    """Every part's tests of a copy in one process, scored as grade.py scores them."""
+    record = copy.parent / f"{copy.name}-record.jsonl"
+    run = subprocess.run([sys.executable, "grade.py", "--record", str(record), "--part", *NAMES], cwd=copy,
+                         capture_output=True, text=True, timeout=600)
+    lines = grade.read_record(record)
+    assert any("finished" in line for line in lines), run.stdout[-3000:] + run.stderr[-3000:]
+    parts = {}
+    for name in NAMES:
+        hidden = (copy / assignment.HIDDEN_GRADED_TESTS / f"test_{name}.py").exists()
+        parts[name], problems = grade.score(name, lines, False, hidden, 0)
+        assert not problems, problems
+    return parts
 
 
 @pytest.fixture(scope="module")
@@ -39,38 +52,37 @@ def grades(tmp_path_factory):
         make_assignment.make(base / name, [name])
     copies = ["all", "key"] + NAMES
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(copies, pool.map(grade, [base / c for c in copies])))
+        return dict(zip(copies, pool.map(grade_in_one_process, [base / c for c in copies])))
 
 
 def full(part):
-    return {"passed": part["total"], "total": part["total"], "points": part["max"], "max": part["max"]}
+    return (part["points"] == part["max"] and part["visible"]["passed"] == part["visible"]["total"] > 0
+            and (part["hidden"] is None or part["hidden"]["passed"] == part["hidden"]["total"] > 0))
 
 
 @pytest.mark.slow
-def test_the_answer_key_grades_full_points(grades):
+def test_the_answer_key_grades_full_points_hidden_tests_included(grades):
     result = grades["key"]
-    assert set(result["parts"]) == set(NAMES)
-    for name, part in result["parts"].items():
-        assert part["total"] > 0 and part == full(part), name
-    assert result["points"] == result["max"] == assignment.MAX_POINTS
+    assert set(result) == set(NAMES)
+    for name, part in result.items():
+        assert full(part) and part["hidden"] is not None, (name, part)
 
 
 @pytest.mark.slow
 def test_every_part_blanked_grades_zero_everywhere(grades):
     result = grades["all"]
-    assert {n: (p["passed"], p["points"]) for n, p in result["parts"].items()} == {n: (0, 0) for n in NAMES}
-    assert result["points"] == 0 and result["max"] == assignment.MAX_POINTS
+    assert {n: (p["visible"]["passed"], p["points"], p["hidden"]) for n, p in result.items()} == \
+        {n: (0, 0, None) for n in NAMES}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_blanking_one_part_costs_that_part_alone(grades, name):
     result = grades[name]
-    assert result["parts"][name]["points"] == 0 and result["parts"][name]["passed"] == 0
-    for other, part in result["parts"].items():
+    assert result[name]["points"] == 0 and result[name]["visible"]["passed"] == 0
+    for other, part in result.items():
         if other != name:
-            assert part == full(part), f"blanking {name} cost {other} points: {part}"
-    assert result["points"] == assignment.MAX_POINTS - assignment.part(name).points
+            assert full(part), f"blanking {name} cost {other} points: {part}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -106,7 +118,7 @@ def test_files_without_parts_are_copied_unchanged(copy):
 
 def test_links_in_the_student_copy_resolve(copy):
     """Links to the files it leaves out (the hidden tests) become plain text."""
-    for doc in [copy / "README.md", *sorted((copy / "docs").glob("*.md"))]:
+    for doc in [copy / "README.md", copy / "HANDOUT.md", *sorted((copy / "docs").glob("*.md"))]:
         for target in make_assignment.LINK.findall(doc.read_text()):
             path = target[1].split("#")[0]
             if path and not path.startswith(("http:", "https:", "mailto:")):
@@ -124,6 +136,55 @@ def test_handout_describes_each_assigned_part(copy):
     assert "group_advantages" not in handout.split("## 1.")[1]                   # not assigned
 
 
+def test_the_student_readme_is_the_students(copy):
+    """Its reading order runs nothing that raises and names no hidden file, its pitfalls cite
+    tests the copy has, and "For instructors" is not in it."""
+    readme = (copy / "README.md").read_text()
+    assert "## For instructors" not in readme and "#for-instructors" not in readme
+    assert "make_assignment" not in readme and "course.md" not in readme
+    order = readme.split("## Reading order")[1].split("\n## ")[0]
+    assert "HANDOUT.md" in order.split("\n2.")[0] and "python losses.py" not in order
+    assert "tests/hidden" not in readme and "test_losses" not in readme
+    assert "(instructor's copy only)" not in readme
+    in_the_copy = {name for path in (copy / "tests").rglob("*.py")
+                   for name in re.findall(r"def (test_\w+)", path.read_text())}
+    cited = set(re.findall(r"`(test_\w+)`", readme))
+    assert len(cited) >= 6 and cited <= in_the_copy, cited - in_the_copy
+    assert "history holds" not in readme
+    assert readme.startswith("# tokenreg-grpo\n\n> **This is your copy of the assignment.**")
+
+
+def test_the_handout_asks_for_deliverables(copy):
+    handout = (copy / "HANDOUT.md").read_text()
+    for heading in ("## Grading", "## Files, and what each part depends on", "## What to submit", "## Libraries",
+                    "## Once every part passes", "## Experiments", "### 1. On policy", "### 4. The four losses"):
+        assert heading in handout, heading
+    assert "`selective_log_softmax`" in handout and "make demo-tiny" in handout and "0.000 → about 0.45" in handout
+    assert "| `rewards.py` | `extract_answer` | alone" in handout
+    assert handout.count("**Sanity target") == 4 and handout.count("**Plot:**") == 4
+    import train
+    fields = dataclasses.fields(train.Config)
+    flags = ({f.name.replace("_", "-") for f in fields} | {"seeds", "help"}      # compare.py's --seeds
+             | {"no-" + f.name.replace("_", "-") for f in fields if f.type in (bool, "bool")})
+    used = set(re.findall(r"(?<![\w-])--([a-z][a-z-]+)", handout.split("## Experiments")[1]))
+    assert {"beta", "agg", "no-scale-std", "updates-per-batch"} <= used and used <= flags, used - flags
+
+
+def test_copies_hold_tracked_files_only(tmp_path):
+    """An instructor's untracked notes stay out of both copies; outside git, every file is copied."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("a.py", "docs/b.md", "notes.txt", "runs/x.json"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x")
+    git = lambda *args: subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    git("init", "-q")
+    git("add", "a.py", "docs/b.md")
+    assert make_assignment.repo_files(repo) == ["a.py", "docs/b.md"]
+    shutil.rmtree(repo / ".git")
+    assert make_assignment.repo_files(repo) == ["a.py", "docs/b.md", "notes.txt"]
+
+
 def test_every_graded_test_file_is_marked_with_its_part():
     files = sorted((ROOT / assignment.GRADED_TESTS).glob("test_*.py"))
     assert [f.name for f in files] == sorted(f"test_{n}.py" for n in NAMES)
@@ -131,6 +192,96 @@ def test_every_graded_test_file_is_marked_with_its_part():
         text = (ROOT / assignment.graded_tests_of(p)).read_text()
         assert f'pytestmark = pytest.mark.part("{p.name}")' in text, p.name
         assert text.count("mark.part(") == 1, p.name
+
+
+# ----------------------------------------------------------------------------------------
+# Submissions, graded end to end from an answer key: `grade.py --submission DIR --json`
+
+INDEPENDENT_MASK = """    rows, mask, stopped = completions.tolist(), torch.zeros(completions.shape), []
+    for i, row in enumerate(rows):                  # written apart from the key: a loop, not tensors
+        end = next((t for t, token in enumerate(row) if token in eos), None)
+        mask[i, :len(row) if end is None else end + 1] = 1.0
+        stopped.append(end is not None)
+    return mask.to(completions.device), ~torch.tensor(stopped, dtype=torch.bool)
+"""
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    base = tmp_path_factory.mktemp("kit")
+    make_assignment.make(base / "hw", answer_key=base / "key")
+    return base / "hw", base / "key"
+
+
+def write_part(copy, file, part, body):
+    """The student copy's ``file`` with the first unwritten body of ``part`` replaced by ``body``."""
+    text = (copy / file).read_text()
+    line = f'    raise NotImplementedError("{part}: write this part (see HANDOUT.md)")\n'
+    assert line in text
+    return text.replace(line, body, 1)
+
+
+def submit(key, submission, *args):
+    run = subprocess.run([sys.executable, "grade.py", "--submission", str(submission), "--json", *args], cwd=key,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    return json.loads(run.stdout), run
+
+
+@pytest.mark.slow
+def test_a_submission_is_graded_by_the_grader_not_by_its_own_output(kit, tmp_path):
+    """A correct completion_mask written independently: full points, hidden tests included. A
+    lookup table of the visible extract_answer cases: at most 3 of 10. A losses.py that prints
+    a forged full-marks JSON at import and exits: nothing for its parts. Other files: listed."""
+    hw, key = kit
+    sub = tmp_path / "alice"
+    sub.mkdir()
+    forged = json.dumps({"parts": {n: {"points": 15, "max": 15} for n in NAMES}, "points": 100, "max": 100})
+    (sub / "losses.py").write_text(f"import sys\nprint({forged!r})\nsys.exit(0)\n" + (hw / "losses.py").read_text())
+    cases = ast.literal_eval(re.search(r"(?ms)^CASES = (\[.*?^\])", (hw / "tests/graded/test_extract_answer.py")
+                                       .read_text())[1])
+    (sub / "rewards.py").write_text((hw / "rewards.py").read_text()
+                                    + f"\nCASES = {cases!r}\nextract_answer = lambda t: dict(CASES).get(t)\n")
+    (sub / "train.py").write_text(write_part(hw, "train.py", "completion_mask", INDEPENDENT_MASK))
+    (sub / "helpers.py").write_text("def mask(): ...\n")
+    (sub / "notes.txt").write_text("thanks\n")
+    result, run = submit(key, sub, "--part", "group_advantages", "tepo", "extract_answer", "completion_mask")
+    parts = result["parts"]
+    assert parts["completion_mask"]["points"] == 5 and full(parts["completion_mask"])
+    assert parts["completion_mask"]["hidden"]["total"] > 0
+    assert parts["group_advantages"]["points"] == 0 and parts["tepo"]["points"] == 0
+    assert 0 < parts["extract_answer"]["points"] <= 3 and parts["extract_answer"]["hidden"]["passed"] == 0
+    assert result["points"] == 5 + parts["extract_answer"]["points"] and result["hidden_tests"] is True
+    assert result["files"] == {"graded": ["losses.py", "rewards.py", "train.py"], "ignored": ["helpers.py", "notes.txt"],
+                               "not_submitted": []}
+    assert forged in run.stderr and forged not in run.stdout       # its output is shown, never read
+
+
+@pytest.mark.slow
+def test_a_syntax_error_costs_its_own_file_and_a_missing_file_its_parts(kit, tmp_path):
+    hw, key = kit
+    sub = tmp_path / "bob"
+    sub.mkdir()
+    (sub / "losses.py").write_text((hw / "losses.py").read_text().replace("def k3(", "def k3((", 1))
+    (sub / "train.py").write_text(write_part(hw, "train.py", "completion_mask", INDEPENDENT_MASK))
+    result, _ = submit(key, sub, "--part", "grpo_loss", "completion_mask", "extract_answer")
+    parts = result["parts"]
+    assert parts["completion_mask"]["points"] == 5 and full(parts["completion_mask"])
+    assert parts["grpo_loss"]["points"] == 0 and "could not import" in parts["grpo_loss"]["note"]
+    assert parts["extract_answer"] == {"points": 0, "max": 10, "visible": None, "hidden": None,
+                                       "note": "rewards.py was not submitted"}
+    assert result["files"]["not_submitted"] == ["rewards.py"]
+
+
+@pytest.mark.slow
+def test_a_part_that_hangs_is_stopped_at_the_time_limit(kit, tmp_path):
+    hw, key = kit
+    sub = tmp_path / "carol"
+    sub.mkdir()
+    (sub / "rewards.py").write_text((hw / "rewards.py").read_text() + "\nwhile True:\n    pass\n")   # at import
+    result, _ = submit(key, sub, "--part", "extract_answer", "--time-limit", "10")
+    part = result["parts"]["extract_answer"]
+    assert part["points"] == 0 and "time limit (10 s)" in part["note"]
 
 
 # ----------------------------------------------------------------------------------------

@@ -447,9 +447,9 @@ def test_qwen_preset_reads_local_gsm8k():
 # Full size: one GRPO step of the real Qwen2.5-0.5B-Instruct architecture on CPU.
 
 SMOKE = r"""
-import copy, resource, sys, time, torch
+import copy, sys, time, torch
 sys.path.insert(0, sys.argv[1])
-import models, train
+import mfu, models, train
 from transformers import Qwen2Config, Qwen2ForCausalLM
 torch.manual_seed(0)
 # Qwen2.5-0.5B-Instruct's published config.json, with random weights.
@@ -471,7 +471,7 @@ before = policy.model.layers[0].mlp.up_proj.weight.detach().clone()
 t = time.time()
 m, _ = train.grpo_step(policy, ref, tok, opt, sched, problems, cfg, torch.device("cpu"))
 changed = not torch.equal(before, policy.model.layers[0].mlp.up_proj.weight)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+peak = mfu.peak_mem_gb(torch.device("cpu"))
 print(f"RESULT peak_rss_gib={peak:.2f} step_s={time.time() - t:.1f} "
       f"params={sum(p.numel() for p in policy.parameters())} "
       f"loss={m['loss']:.4f} grad_norm={m['grad_norm']:.3f} entropy={m['entropy']:.3f} changed={changed}")
