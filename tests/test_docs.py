@@ -91,3 +91,16 @@ def test_no_line_is_longer_than_the_configured_limit():
                 for number, line in enumerate((REPO / name).read_text(encoding="utf-8").splitlines(), 1)
                 if len(line) > limit]
     assert not too_long, f"lines longer than {limit} columns (pyproject.toml):\n" + "\n".join(too_long)
+
+
+def test_our_code_calls_no_deprecated_transformers_api():
+    """pytest.ini ignores two FutureWarnings that peft and TRL raise through their own calls;
+    this keeps the deprecated names out of ours (transformers 5.24: `cache=`, activation
+    checkpointing)."""
+    deprecated = re.compile(r"past_key_values\s*=|\.past_key_values\b|gradient_checkpointing_enable|"
+                            r"is_gradient_checkpointing")
+    offenders = [f"{path.relative_to(REPO)}:{number}" for path in sorted(REPO.glob("*.py"))
+                 + sorted((REPO / "benchmarks").glob("*.py"))
+                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if deprecated.search(line)]
+    assert not offenders, offenders
