@@ -49,7 +49,8 @@ def where(nodeid):
     """(set, part) of a test id or test file: ("hidden", "tepo") for tests/hidden/test_tepo.py::..."""
     path = nodeid.replace("\\", "/").split("::")[0]
     folder, _, name = path.rpartition("/")
-    return ("hidden" if folder == SETS["hidden"] else "visible"), name.removeprefix("test_").removesuffix(".py")
+    return (("hidden" if folder == SETS["hidden"] else "visible"),
+            name.removeprefix("test_").removesuffix(".py"))
 
 
 class Recorder:
@@ -127,10 +128,12 @@ def grade_part(tree, name, time_limit):
         command = [sys.executable, str(tree / "grade.py"), "--record", str(record), "--part", name]
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         try:
-            run = subprocess.run(command, cwd=tree, capture_output=True, text=True, timeout=time_limit, env=env)
+            run = subprocess.run(command, cwd=tree, capture_output=True, text=True,
+                                 timeout=time_limit, env=env)
             output, timed_out = run.stdout + run.stderr, False
         except subprocess.TimeoutExpired as e:
-            output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+            output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                             for x in (e.stdout, e.stderr))
             timed_out = True
         lines = read_record(record)
         return lines, output, timed_out
@@ -151,7 +154,8 @@ def score(name, lines, timed_out, hidden_present, time_limit):
         total = sum(t["weight"] for t in tests)
         fractions[s] = 0.0 if s in broken or not total else sum(t["weight"] for t in won) / total
     if hidden_present:
-        points = top * ((1 - assignment.HIDDEN_SHARE) * fractions["visible"] + assignment.HIDDEN_SHARE * fractions["hidden"])
+        points = top * ((1 - assignment.HIDDEN_SHARE) * fractions["visible"]
+                        + assignment.HIDDEN_SHARE * fractions["hidden"])
     else:
         points = top * fractions["visible"]
     notes = [f"could not import its {s} tests (see the output)" for s in sets if s in broken]
@@ -180,7 +184,8 @@ def grading_tree(source, dest):
         shutil.copy2(path, dest / path.name)
     for folder in SETS.values():
         if (source / folder).is_dir():
-            shutil.copytree(source / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(source / folder, dest / folder,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def take_submission(directory, tree):
@@ -201,7 +206,8 @@ def grade(tree, names, time_limit, jobs, not_submitted=(), log=sys.stdout):
     hidden_present = lambda n: (tree / SETS["hidden"] / f"test_{n}.py").exists()
     missing = {n for n in names if assignment.part(n).file in not_submitted}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        runs = dict(zip(names, pool.map(lambda n: None if n in missing else grade_part(tree, n, time_limit), names)))
+        runs = dict(zip(names, pool.map(
+            lambda n: None if n in missing else grade_part(tree, n, time_limit), names)))
     results, problems = {}, []
     for name, run in runs.items():
         if run is None:
@@ -231,11 +237,14 @@ def main(argv=None):
     parser.add_argument("--part", nargs="+", metavar="NAME", help="grade only these parts")
     parser.add_argument("--all", action="store_true", help="grade every part, also those not assigned here")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--submission", metavar="DIR", help="grade the part files in DIR, in a fresh copy of this tree")
+    parser.add_argument("--submission", metavar="DIR",
+                        help="grade the part files in DIR, in a fresh copy of this tree")
     parser.add_argument("--time-limit", type=float, default=120, metavar="S",
                         help="seconds for each part's tests, process start included (default 120)")
-    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="parts graded at the same time")
-    parser.add_argument("--record", help=argparse.SUPPRESS)       # the child: run one part's tests, record them
+    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                        help="parts graded at the same time")
+    # The child: run one part's tests, record them.
+    parser.add_argument("--record", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         names = [assignment.part(n).name for n in args.part] if args.part else None

@@ -69,13 +69,15 @@ def regions(lines, path):
     for i, line in enumerate(lines):
         if m := BEGIN.match(line):
             if open_:
-                raise AssignmentError(f"{path}:{i + 1}: BEGIN SOLUTION inside the region opened at line {open_[1] + 1}")
+                raise AssignmentError(f"{path}:{i + 1}: BEGIN SOLUTION inside the region opened at line "
+                                      f"{open_[1] + 1}")
             if m["part"] not in {p.name for p in assignment.PARTS}:
                 raise AssignmentError(f"{path}:{i + 1}: unknown part {m['part']!r} (assignment.PARTS)")
             open_ = (m["part"], i, m["indent"])
         elif m := END.match(line):
             if not open_ or m["indent"] != open_[2]:
-                raise AssignmentError(f"{path}:{i + 1}: END SOLUTION without a BEGIN SOLUTION at its indentation")
+                raise AssignmentError(f"{path}:{i + 1}: END SOLUTION without a BEGIN SOLUTION "
+                                      "at its indentation")
             found.append((open_[0], open_[1], i, open_[2]))
             open_ = None
     if open_:
@@ -105,7 +107,10 @@ def check_part(part, root):
     if not own:
         raise AssignmentError(
             f"part {part.name!r} has no solution region in {part.file}: mark it inside "
-            f"{', '.join(part.functions)} with\n    # BEGIN SOLUTION {part.name}\n    ...\n    # END SOLUTION")
+            f"{', '.join(part.functions)} with\n"
+            f"    # BEGIN SOLUTION {part.name}\n"
+            "    ...\n"
+            "    # END SOLUTION")
     defs = functions(ast.parse(text))
     for name in part.functions:
         node = defs.get(name)
@@ -181,27 +186,30 @@ def handout(root, parts):
     total, files = sum(p.points for p in parts), sorted({p.file for p in parts})
     visible = f"{1 - assignment.HIDDEN_SHARE:.0%}"
     out = ["# Assignment: GRPO and three token-regulated variants\n",
-           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo, {total} points in all, and run "
-           "four small experiments. Each part is one function or a few short ones, in the file named below; until "
-           "you write them their bodies raise `NotImplementedError(\"<part>: ...\")`. Keep every signature. The "
-           "docstrings are the specification (shapes, equations, defaults); README.md explains the methods and "
-           "their pitfalls.\n",
+           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo, {total} points in all, "
+           "and run four small experiments. Each part is one function or a few short ones, in the file "
+           "named below; until you write them their bodies raise `NotImplementedError(\"<part>: ...\")`. "
+           "Keep every signature. The docstrings are the specification (shapes, equations, defaults); "
+           "README.md explains the methods and their pitfalls.\n",
            "## Grading\n",
-           "    python grade.py                  # every part: visible tests passed / total, points / max, total",
+           "    python grade.py                  "
+           "# every part: visible tests passed / total, points / max, total",
            "    python grade.py --part NAME      # one part",
            "    python grade.py --json           # the same as one JSON object\n",
-           "Each part's visible tests are in `tests/graded/test_<part>.py`: small literal inputs whose expected "
-           "values are worked out in the test. Your instructor grades with more: hidden tests that check each part "
-           "on random inputs against independent computations, worth "
-           f"{assignment.HIDDEN_SHARE:.0%} of its points (the visible tests give the other {visible}). Code that "
-           f"only reproduces the visible tests' literals scores at most {visible} of a part. A part scores its "
-           "points times the fraction of its tests that pass, rounded to 0.1. Each part's tests run in a process "
-           "of their own, under a time limit; nothing your code prints counts. The tests of one part never call "
-           "another part's function, so the parts can be written in any order. The other tests "
+           "Each part's visible tests are in `tests/graded/test_<part>.py`: small literal inputs whose "
+           "expected values are worked out in the test. Your instructor grades with more: hidden tests "
+           "that check each part on random inputs against independent computations, worth "
+           f"{assignment.HIDDEN_SHARE:.0%} of its points (the visible tests give the other {visible}). "
+           f"Code that only reproduces the visible tests' literals scores at most {visible} of a part. "
+           "A part scores its points times the fraction of its tests that pass, rounded to 0.1. Each "
+           "part's tests run in a process of their own, under a time limit; nothing your code prints "
+           "counts. The tests of one part never call another part's function, so the parts can be "
+           "written in any order. The other tests "
            "(`python -m pytest -q`) check the whole repo and are not graded; some fail until every part is "
            "written. Change your source files, not the tests or `grade.py`: the instructor uses their own.\n",
            "| part | file | write | points |", "|---|---|---|---|"]
-    out += [f"| `{p.name}` | `{p.file}` | {', '.join(f'`{f}`' for f in p.functions)} | {p.points} |" for p in parts]
+    out += [f"| `{p.name}` | `{p.file}` | {', '.join(f'`{f}`' for f in p.functions)} | {p.points} |"
+            for p in parts]
     out += ["\n## Files, and what each part depends on\n",
             "| file | its parts | its tests load it |", "|---|---|---|"]
     out += [f"| `{f}` | {', '.join(f'`{p.name}`' for p in parts if p.file == f)} | {GRADED_WITH.get(f, '')} |"
@@ -209,20 +217,22 @@ def handout(root, parts):
     out += ["\nA syntax error, or an exception while a file is imported, costs the parts of that file and no "
             "other.\n",
             "## What to submit\n",
-            f"- Your {', '.join(f'`{f}`' for f in files)}: the file{'s' * (len(files) > 1)} your parts live in. "
-            "Nothing else is graded: another file (a helper module, your own tests, a changed `tests/graded/`) is "
-            "listed by the grader and neither copied nor used, so keep any helper inside the part's file.",
+            f"- Your {', '.join(f'`{f}`' for f in files)}: the file{'s' * (len(files) > 1)} your parts "
+            "live in. Nothing else is graded: another file (a helper module, your own tests, a changed "
+            "`tests/graded/`) is listed by the grader and neither copied nor used, so keep any helper "
+            "inside the part's file.",
             "- A write-up (PDF or Markdown) with the plots and the answers of the experiments below.\n",
             "## Libraries\n",
-            "Allowed: Python's standard library and torch (`torch.nn.functional` included). Not allowed: calling "
-            "or copying a published implementation of these functions, such as TRL's log-prob and entropy helpers "
-            "(`selective_log_softmax`, `entropy_from_logits`) or its GRPO loss, verl's, OpenRLHF's, or the "
+            "Allowed: Python's standard library and torch (`torch.nn.functional` included). Not allowed: "
+            "calling or copying a published implementation of these functions, such as TRL's log-prob and "
+            "entropy helpers (`selective_log_softmax`, `entropy_from_logits`) or its GRPO loss, verl's, "
+            "OpenRLHF's, or the "
             "repository this assignment comes from. No new dependencies: your files are graded with "
             "`requirements.txt` alone.\n",
             "## Once every part passes\n",
-            "`python -m pytest -q` passes, and `make demo-tiny` trains the tiny model: held-out greedy accuracy "
-            "goes 0.000 → about 0.45 in 150 steps (0.446 on seed 0), in a few minutes on a laptop's CPU. Then "
-            "run the experiments."]
+            "`python -m pytest -q` passes, and `make demo-tiny` trains the tiny model: held-out greedy "
+            "accuracy goes 0.000 → about 0.45 in 150 steps (0.446 on seed 0), in a few minutes on a "
+            "laptop's CPU. Then run the experiments."]
     for n, p in enumerate(parts, 1):
         out += [f"\n## {n}. `{p.name}` ({p.points} points)\n", p.goal + "\n",
                 f"In `{p.file}`:\n", "```python", api(p, root), "```\n"]
@@ -243,7 +253,8 @@ def experiments(root, source=EXPERIMENTS):
         target = m[2]
         if re.match(r"[a-z]+:|#", target):
             return m[0]
-        return f"[{m[1]}]({os.path.normpath(os.path.join(os.path.dirname(source), target)).replace(os.sep, '/')})"
+        path = os.path.normpath(os.path.join(os.path.dirname(source), target)).replace(os.sep, "/")
+        return f"[{m[1]}]({path})"
     return LINK.sub(from_root, text).rstrip()
 
 
@@ -258,9 +269,11 @@ def instructor_only(name):
 def empty_destination(path, root):
     path = Path(path).resolve()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise AssignmentError(f"{path} exists and is not empty: give a new or empty directory (nothing was written)")
+        raise AssignmentError(f"{path} exists and is not empty: give a new or empty directory "
+                              "(nothing was written)")
     if path == root or root in path.parents:
-        raise AssignmentError(f"{path} is inside the repo: the next copy would copy it too; write it elsewhere")
+        raise AssignmentError(f"{path} is inside the repo: the next copy would copy it too; "
+                              "write it elsewhere")
     return path
 
 
@@ -299,14 +312,16 @@ STUDENT_READING_ORDER = """## Reading order
    with [docs/performance.md](docs/performance.md) beside them.
 
 """
-STUDENT_KIT_ROW = ("| [`grade.py`](grade.py), [`HANDOUT.md`](HANDOUT.md) | your assignment: what to write and "
-                   "hand in, and the grader that scores your parts |")
+STUDENT_KIT_ROW = ("| [`grade.py`](grade.py), [`HANDOUT.md`](HANDOUT.md) | your assignment: what to write "
+                   "and hand in, and the grader that scores your parts |")
 STUDENT_TESTS = {
     "test_group_advantages_zero_std_is_exactly_zero": "test_a_group_with_equal_rewards_gets_exactly_zero",
-    "test_micro_batches_accumulate_to_the_full_batch_gradient": "test_scaled_micro_batches_add_up_to_the_full_batch",
+    "test_micro_batches_accumulate_to_the_full_batch_gradient":
+        "test_scaled_micro_batches_add_up_to_the_full_batch",
     "test_temperature_matters_and_entropy_is_of_the_full_distribution":
         "test_logprob_of_the_token_and_entropy_of_the_whole_distribution",
-    "test_on_policy_ratio_is_one_loss_is_weighted_advantage": "test_ratio_is_one_before_the_first_update_and_warns_otherwise",
+    "test_on_policy_ratio_is_one_loss_is_weighted_advantage":
+        "test_ratio_is_one_before_the_first_update_and_warns_otherwise",
 }
 
 
@@ -340,7 +355,8 @@ def student_readme(text, defined, left_out):
     out = LINK.sub(lambda m: m[1] if m[2] == "#for-instructors" else m[0], out)
     bullet = re.compile(r"^- \[[^\]]*\]\(([^)#]+)[^)]*\)")
     return "".join(line for line in out.splitlines(keepends=True)
-                   if not ((m := bullet.match(line)) and left_out(os.path.normpath(m[1]).replace(os.sep, "/"))))
+                   if not ((m := bullet.match(line))
+                           and left_out(os.path.normpath(m[1]).replace(os.sep, "/"))))
 
 
 def assigned_line(chosen):
@@ -413,7 +429,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="the student's copy: a new or empty directory")
     parser.add_argument("--parts", nargs="+", metavar="NAME",
-                        help=f"the parts to blank (default: all): {', '.join(p.name for p in assignment.PARTS)}")
+                        help="the parts to blank (default: all): "
+                             f"{', '.join(p.name for p in assignment.PARTS)}")
     parser.add_argument("--answer-key", metavar="DIR", help="also write the instructor's copy here")
     args = parser.parse_args(argv)
     try:

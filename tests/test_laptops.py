@@ -32,19 +32,22 @@ def test_train_imports_and_parses_without_the_resource_module():
               "import train, grade, mfu\n"
               "cfg = train.parse_config(['--preset', 'tiny', '--device', 'cpu'])\n"
               "print('peak', mfu.peak_mem_gb(torch.device('cpu')))\n")
-    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "peak None"
 
 
 def test_no_module_or_test_imports_resource_at_import_time():
     """A module-level `import resource` anywhere in the repo breaks it on Windows."""
-    for path in sorted(REPO.glob("*.py")) + sorted(REPO.glob("tests/**/*.py")) + sorted(REPO.glob("benchmarks/*.py")):
+    for path in (sorted(REPO.glob("*.py")) + sorted(REPO.glob("tests/**/*.py"))
+                 + sorted(REPO.glob("benchmarks/*.py"))):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in tree.body:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) else [])
-            assert "resource" not in names, f"{path.relative_to(REPO)}:{node.lineno} imports resource at module level"
+            assert "resource" not in names, (f"{path.relative_to(REPO)}:{node.lineno} imports resource "
+                                             "at module level")
 
 
 # ----------------------------------------------------------------------------------------
@@ -85,7 +88,8 @@ def available(monkeypatch, cuda, mps, macos14=True):
     monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: macos14)
 
 
-@pytest.mark.parametrize("cuda,mps,expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
+@pytest.mark.parametrize("cuda,mps,expected",
+                         [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
 def test_auto_picks_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, expected):
     available(monkeypatch, cuda, mps)
     assert models.pick_device(train.parse_config(["--preset", "tiny"])) == torch.device(expected)
@@ -102,7 +106,8 @@ def test_a_device_that_is_not_there_is_refused_with_advice(monkeypatch):
 
 def test_bf16_on_mps_needs_macos_14(monkeypatch):
     available(monkeypatch, cuda=False, mps=True, macos14=False)
-    assert models.pick_device(train.parse_config(["--device", "mps"])) == torch.device("mps")     # float32: fine
+    # float32 on MPS: fine
+    assert models.pick_device(train.parse_config(["--device", "mps"])) == torch.device("mps")
     with pytest.raises(SystemExit, match="macOS 14.*--dtype float32"):
         models.pick_device(train.parse_config(["--device", "mps", "--dtype", "bfloat16"]))
     available(monkeypatch, cuda=False, mps=True, macos14=True)
@@ -128,8 +133,9 @@ class Dtypes(TorchDispatchMode):
 def test_a_training_step_computes_nothing_in_float64(monkeypatch, loss):
     """Apple's GPU has no float64: a step on the CPU that never makes a float64 tensor would
     not make one on MPS either (a random tiny model, mixed rewards, the KL term on)."""
-    cfg = train.parse_config(["--preset", "tiny", "--loss", loss, "--prompts-per-step", "2", "--group-size", "4",
-                              "--micro-batch", "4", "--max-new-tokens", "8", "--device", "cpu"])
+    cfg = train.parse_config(["--preset", "tiny", "--loss", loss, "--prompts-per-step", "2",
+                              "--group-size", "4", "--micro-batch", "4", "--max-new-tokens", "8",
+                              "--device", "cpu"])
     tok = models.tiny_tokenizer()
     torch.manual_seed(0)
     policy = models.tiny_model(tok)
@@ -147,8 +153,9 @@ def test_a_training_step_computes_nothing_in_float64(monkeypatch, loss):
 # ----------------------------------------------------------------------------------------
 # An op Apple's GPU lacks
 
-MPS_ERROR = ("The operator 'aten::_some_op' is not currently implemented for the MPS device. If you want this op "
-             "to be added in priority during the prototype phase of this feature, please comment on ...")
+MPS_ERROR = ("The operator 'aten::_some_op' is not currently implemented for the MPS device. "
+             "If you want this op to be added in priority during the prototype phase of this feature, "
+             "please comment on ...")
 
 
 def test_an_op_mps_lacks_gets_the_fallback_advice(monkeypatch):
@@ -160,7 +167,8 @@ def test_an_op_mps_lacks_gets_the_fallback_advice(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(REPO / "train.py"), run_name="__main__")
     message = str(exit_.value.code)
-    assert "PYTORCH_ENABLE_MPS_FALLBACK=1" in message and "--device cpu" in message and "aten::_some_op" in message
+    assert ("PYTORCH_ENABLE_MPS_FALLBACK=1" in message and "--device cpu" in message
+            and "aten::_some_op" in message)
 
 
 def test_other_not_implemented_errors_are_left_alone():

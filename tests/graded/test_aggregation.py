@@ -69,13 +69,16 @@ def test_microbatch_scale_by_hand():
 
 @pytest.mark.parametrize("agg", AGGS)
 def test_scaled_micro_batches_add_up_to_the_full_batch(agg):
-    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 7.0], [-6.0, 0.5, 9.0], [2.0, 2.0, 2.0]], dtype=torch.float64)
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 7.0], [-6.0, 0.5, 9.0], [2.0, 2.0, 2.0]],
+                     dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]],
+                        dtype=torch.float64)
     full = {"seq-mean-token-mean": (6 / 3 + 9 / 2 - 6 + 4 / 2) / 4,     # 0.625
             "token-mean": (6 + 9 - 6 + 4) / 8,                          # 1.625
             "seq-mean-token-sum-norm": (6 + 9 - 6 + 4) / (4 * 3)}[agg]  # 1.0833
     assert aggregate(x, mask, agg, max_tokens=3).item() == pytest.approx(full, abs=1e-12)
-    total = sum(aggregate(x[rows], mask[rows], agg, max_tokens=3).item() * microbatch_scale(agg, mask[rows], mask)
+    total = sum(aggregate(x[rows], mask[rows], agg, max_tokens=3).item()
+                * microbatch_scale(agg, mask[rows], mask)
                 for rows in (slice(0, 1), slice(1, 3), slice(3, 4)))    # uneven micro-batches
     assert total == pytest.approx(full, abs=1e-12)
 

@@ -61,8 +61,10 @@ def test_groups_by_hand():
 def test_the_most_extreme_token_weighs_least():
     logp, adv, mask = two_groups()
     w = cw_grpo_weights(logp, adv, mask, group_size=2)
-    assert w[0, 2].item() < min(w[0, 0].item(), w[0, 1].item(), w[1, 0].item())   # |c| = 0.565, largest of group 0
-    assert w[3, 2].item() < min(w[2, 0].item(), w[3, 0].item(), w[3, 1].item())   # |c| = 1.426, largest of group 1
+    # |c| = 0.565, largest of group 0
+    assert w[0, 2].item() < min(w[0, 0].item(), w[0, 1].item(), w[1, 0].item())
+    # |c| = 1.426, largest of group 1
+    assert w[3, 2].item() < min(w[2, 0].item(), w[3, 0].item(), w[3, 1].item())
 
 
 def test_padded_normalisation_by_hand():
@@ -117,7 +119,8 @@ def test_weights_are_differentiable_in_logp():
     logp, adv, mask = two_groups()
     x = logp.clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda t: cw_grpo_weights(t, adv, mask, group_size=2), (x,))
-    assert torch.autograd.gradcheck(lambda t: cw_grpo_weights(t, adv, mask, group_size=2, normalise="padded"), (x,))
+    assert torch.autograd.gradcheck(
+        lambda t: cw_grpo_weights(t, adv, mask, group_size=2, normalise="padded"), (x,))
     assert not cw_grpo_weights(x.detach(), adv, mask, group_size=2).requires_grad
 
 

@@ -129,7 +129,8 @@ def test_info_holds_the_diagnostics(calls):
 
 
 def test_garbage_on_padding_changes_nothing(calls):
-    logp, old, ref, adv, mask = example(pad_garbage=1000.0)   # exp(1000) = inf: 0 * inf = NaN if not zeroed first
+    # exp(1000) = inf: 0 * inf = NaN if not zeroed first
+    logp, old, ref, adv, mask = example(pad_garbage=1000.0)
     loss, _ = grpo_loss(logp, old, ref, adv, mask, beta=0.04)
     loss.backward()
     assert loss.item() == pytest.approx(-1.625 + 0.04 * 0.5, abs=1e-12)

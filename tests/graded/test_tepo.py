@@ -71,4 +71,5 @@ def test_kl_mask_is_strict_and_carries_no_gradient():
     m = tepo_kl_mask(logp, entropy, torch.tensor([1.0], **F64), mask)
     assert m.tolist() == [[0.0, 1.0, 0.0]]                      # log p + H = 0 is not > 0
     assert not m.requires_grad
-    assert tepo_kl_mask(logp, entropy, torch.tensor([0.0], **F64), mask).tolist() == [[0.0, 0.0, 0.0]]  # A = 0
+    # A = 0: no token is masked
+    assert tepo_kl_mask(logp, entropy, torch.tensor([0.0], **F64), mask).tolist() == [[0.0, 0.0, 0.0]]

@@ -12,8 +12,8 @@ def test_default_weights_by_hand():
     # w(p) = clamp(2 * (sigmoid(9 p) - 0.25), 1.0, 1.4): e.g. p = 0.25 -> 2 * (sigmoid(2.25) - 0.25)
     p = torch.tensor([0.05, 0.1, 0.12, 0.2, 0.25, 0.3, 0.5, 0.8, 1.0], **F64)
     w = tr_grpo_weights(p.log())
-    assert w.tolist() == pytest.approx([1.0, 1.0, 1.0, 1.2162978702, 1.3093010702, 1.3740532879, 1.4, 1.4, 1.4],
-                                       abs=1e-9)
+    assert w.tolist() == pytest.approx(
+        [1.0, 1.0, 1.0, 1.2162978702, 1.3093010702, 1.3740532879, 1.4, 1.4, 1.4], abs=1e-9)
 
 
 def test_parameters_are_used():

@@ -70,7 +70,8 @@ def test_random_micro_batches_add_up_to_the_full_batch(agg):
         pieces = [slice(a, b) for a, b in zip([0] + cuts, cuts + [rows])]
         scales = [microbatch_scale(agg, mask[p], mask) for p in pieces]
         if agg == "token-mean":
-            assert scales == pytest.approx([mask[p].sum().item() / mask.sum().item() for p in pieces], rel=1e-12)
+            assert scales == pytest.approx([mask[p].sum().item() / mask.sum().item() for p in pieces],
+                                           rel=1e-12)
         else:
             assert scales == pytest.approx([(p.stop - p.start) / rows for p in pieces], rel=1e-12)
         total = sum(aggregate(x[p], mask[p], agg, cols).item() * s for p, s in zip(pieces, scales))
@@ -87,4 +88,5 @@ def test_any_other_aggregation_is_refused_by_both():
             aggregate(x, mask, name)
         with pytest.raises(ValueError, match="unknown aggregation"):
             microbatch_scale(name, mask, mask)
-    assert aggregate(x, mask, "token-mean").item() == 1.0 and microbatch_scale("token-mean", mask[:1], mask) == 0.5
+    assert (aggregate(x, mask, "token-mean").item() == 1.0
+            and microbatch_scale("token-mean", mask[:1], mask) == 0.5)

@@ -27,10 +27,12 @@ def test_random_completions_against_a_loop():
         eos = r.sample(range(vocab), r.randint(1, min(3, vocab - 1)))
         b, c = r.randint(1, 8), r.randint(1, 12)
         rows = torch.randint(0, vocab, (b, c), generator=gen)
-        for i in range(b):                       # as generation leaves them: padding (an EOS id) after the stop
+        # As generation leaves them: padding (an EOS id) after the stop.
+        for i in range(b):
             stop = r.choice([None, 0, c - 1, r.randrange(c)])
             if stop is None:
-                rows[i][torch.isin(rows[i], torch.tensor(eos))] = r.choice([v for v in range(vocab) if v not in eos])
+                rows[i][torch.isin(rows[i], torch.tensor(eos))] = r.choice(
+                    [v for v in range(vocab) if v not in eos])
             else:
                 rows[i][stop] = r.choice(eos)
                 rows[i][stop + 1:] = eos[0]

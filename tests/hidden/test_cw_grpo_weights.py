@@ -73,7 +73,8 @@ def test_one_group_when_group_size_is_none_and_groups_are_independent():
         changed[group_size:] = changed[group_size:] - 1.0 * torch.rand(len(logp) - group_size, logp.shape[1],
                                                                            generator=gen, dtype=F64)
         first = cw_grpo_weights(changed, adv, mask, group_size)[:group_size]     # other groups do not matter
-        assert torch.allclose(first * mask[:group_size], w[:group_size] * mask[:group_size], rtol=1e-12, atol=1e-12)
+        assert torch.allclose(first * mask[:group_size], w[:group_size] * mask[:group_size],
+                              rtol=1e-12, atol=1e-12)
         for rows in range(0, len(logp), group_size):                            # mean 1 per group
             part = slice(rows, rows + group_size)
             assert (w[part] * mask[part]).sum().item() == pytest.approx(mask[part].sum().item(), rel=1e-9)
@@ -96,7 +97,8 @@ def test_bad_arguments_are_refused():
     r = rng("errors")
     for _ in range(5):
         group_size = r.randint(3, 6)
-        logp, adv, mask = torch.zeros(group_size + 1, 3), torch.zeros(group_size + 1), torch.ones(group_size + 1, 3)
+        logp, adv, mask = (torch.zeros(group_size + 1, 3), torch.zeros(group_size + 1),
+                           torch.ones(group_size + 1, 3))
         with pytest.raises(ValueError, match="group_size"):
             cw_grpo_weights(logp, adv, mask, group_size)
         with pytest.raises(ValueError, match="scope"):

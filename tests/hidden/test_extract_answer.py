@@ -61,12 +61,14 @@ def filler(r, sentences=None):
     out = []
     for _ in range(sentences if sentences is not None else r.randint(1, 4)):
         a, b, c = r.randint(1, 99), r.randint(1, 99), r.randint(2, 12)
-        out.append(r.choice(templates).format(n=r.choice(NAMES), w=r.choice(THINGS), a=a, b=b, c=c, s=a + b, p=a * c))
+        out.append(r.choice(templates).format(n=r.choice(NAMES), w=r.choice(THINGS), a=a, b=b, c=c,
+                                              s=a + b, p=a * c))
     return " ".join(out)
 
 
 def hashes(r, value):
-    line = f"#### {value}" + r.choice(["", "", " dollars", " " + r.choice(THINGS)] + ["."] * ("/" not in value))
+    line = f"#### {value}" + r.choice(["", "", " dollars", " " + r.choice(THINGS)]
+                                      + ["."] * ("/" not in value))
     earlier = f"#### {number(r)[0]}\n" if r.random() < 0.3 else ""             # the last #### wins
     after = r.choice(["", f"\nCheck: {r.randint(1, 99)} > {r.randint(1, 99)}"])
     return earlier + filler(r) + "\n" + line + after
@@ -76,7 +78,8 @@ def boxed(r, value):
     value = value.replace("$", "\\$")
     body = r.choice([value, f"x = {value}", f"{value} \\text{{ {r.choice(THINGS)}}}"])
     earlier = f"First \\boxed{{{number(r)[0]}}}, no: " if r.random() < 0.3 else ""  # the last box wins
-    return filler(r) + " " + earlier + f"So \\boxed{{{body}}}" + r.choice(["", ".", f" because {filler(r, 1)}"])
+    return (filler(r) + " " + earlier + f"So \\boxed{{{body}}}"
+            + r.choice(["", ".", f" because {filler(r, 1)}"]))
 
 
 def answer_tag(r, value):
@@ -93,8 +96,8 @@ def answer_phrase(r, value):
 
 
 def last_number(r, value):
-    return filler(r) + " " + r.choice(["So {n} has {v} {w} left.", "In all: {v}", "{n} ends with {v}"]).format(
-        n=r.choice(NAMES), v=value, w=r.choice(THINGS))
+    templates = ["So {n} has {v} {w} left.", "In all: {v}", "{n} ends with {v}"]
+    return filler(r) + " " + r.choice(templates).format(n=r.choice(NAMES), v=value, w=r.choice(THINGS))
 
 
 FORMS = [hashes, boxed, answer_tag, answer_phrase, last_number]      # the docstring's order of precedence
@@ -138,7 +141,8 @@ def test_precedence_whatever_the_order_in_the_text():
 def test_no_answer_gives_none():
     r = rng("none")
     for _ in range(30):
-        words = " ".join(r.choice(NAMES + THINGS + ["has", "and", "the", "some"]) for _ in range(r.randint(0, 12)))
+        words = " ".join(r.choice(NAMES + THINGS + ["has", "and", "the", "some"])
+                         for _ in range(r.randint(0, 12)))
         long_number = "".join(r.choice("123456789") for _ in range(r.randint(41, 60)))
         for text in [words, f"{words}\n#### ", f"\\boxed{{{words}}}", f"<answer>{words}</answer>",
                      f"The answer is {long_number}"]:

@@ -62,7 +62,8 @@ def test_equal_groups_are_exactly_zero_in_float32():
         assert adv[equal * group_size:(equal + 1) * group_size].tolist() == [0.0] * group_size
         assert torch.isfinite(adv).all()
         want = expected(rewards, group_size)[other * group_size:(other + 1) * group_size]
-        assert adv[other * group_size:(other + 1) * group_size].tolist() == pytest.approx(want, rel=1e-4, abs=1e-5)
+        assert (adv[other * group_size:(other + 1) * group_size].tolist()
+                == pytest.approx(want, rel=1e-4, abs=1e-5))
 
 
 def test_properties_of_group_relative_advantages():
@@ -85,7 +86,8 @@ def test_properties_of_group_relative_advantages():
         new = group_advantages(moved, group_size)
         assert new[:group_size].tolist() == pytest.approx(adv[:group_size].tolist(), abs=1e-3)  # (std + 1e-4)
         if groups > 2:
-            assert new[group_size:-group_size].tolist() == pytest.approx(adv[group_size:-group_size].tolist(), abs=1e-12)
+            assert new[group_size:-group_size].tolist() == pytest.approx(
+                adv[group_size:-group_size].tolist(), abs=1e-12)
         assert group_advantages(rewards, group_size).sum().item() == pytest.approx(0.0, abs=1e-9)
 
 
@@ -95,7 +97,8 @@ def test_bad_inputs_are_refused():
         group_size = r.randint(2, 7)
         assert group_advantages(torch.tensor([1.0, 0.0] * group_size), group_size).shape == (2 * group_size,)
         with pytest.raises(ValueError, match="multiple"):
-            group_advantages(torch.zeros(group_size * r.randint(1, 4) + r.randint(1, group_size - 1)), group_size)
+            group_advantages(torch.zeros(group_size * r.randint(1, 4) + r.randint(1, group_size - 1)),
+                             group_size)
         with pytest.raises(ValueError, match="multiple"):
             group_advantages(torch.zeros(r.randint(1, 3), group_size), group_size)
         with pytest.raises(ValueError, match=">= 2"):

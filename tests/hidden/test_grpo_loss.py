@@ -67,7 +67,8 @@ def random_example(gen, r):
     mask = random_mask(gen, rows, cols)
     logp = (torch.rand(rows, cols, generator=gen, dtype=F64) * -4 - 0.01).requires_grad_()
     log_ratio = torch.randn(rows, cols, generator=gen, dtype=F64) * 0.3
-    old = torch.where(mask > 0, logp.detach() - log_ratio, torch.full_like(log_ratio, -900.0))   # garbage on padding
+    # Garbage on padding.
+    old = torch.where(mask > 0, logp.detach() - log_ratio, torch.full_like(log_ratio, -900.0))
     ref = torch.where(mask > 0, logp.detach() + torch.randn(rows, cols, generator=gen, dtype=F64) * 0.5,
                       torch.full_like(log_ratio, 900.0))
     return logp, old, ref, nonzero_advantages(gen, rows), mask
@@ -91,9 +92,11 @@ def test_random_batches_against_the_formula(calls):
     for _ in range(30):
         logp, old, ref, adv, mask = random_example(gen, r)
         eps, beta = r.uniform(0.05, 0.4), r.choice([0.0, r.uniform(0.01, 0.5)])
-        agg, max_tokens = r.choice(["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]), r.randint(1, 99)
+        agg, max_tokens = (r.choice(["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]),
+                           r.randint(1, 99))
         logp.grad = None
-        loss, info = grpo_loss(logp, old, ref, adv, mask, clip_eps=eps, beta=beta, agg=agg, max_tokens=max_tokens)
+        loss, info = grpo_loss(logp, old, ref, adv, mask, clip_eps=eps, beta=beta, agg=agg,
+                               max_tokens=max_tokens)
         objective, grad, clipped, ratio, kl = objective_by_hand(logp, old, ref, adv, mask, eps, beta)
         seen = calls[-1]
         assert seen["agg"] == agg and seen["max_tokens"] == max_tokens and torch.equal(seen["mask"], mask)

@@ -33,7 +33,8 @@ def test_random_parameters():
         w_max = w_min + r.uniform(0.05, 2)
         p = torch.rand(r.randint(1, 20), generator=gen, dtype=torch.float64) * 0.999 + 0.001
         w = tr_grpo_weights(p.log(), alpha=alpha, tau=tau, mu=mu, w_min=w_min, w_max=w_max)
-        assert w.tolist() == pytest.approx([expected(v, alpha, tau, mu, w_min, w_max) for v in p.tolist()], abs=1e-9)
+        assert w.tolist() == pytest.approx([expected(v, alpha, tau, mu, w_min, w_max) for v in p.tolist()],
+                                           abs=1e-9)
         positional = tr_grpo_weights(p.log(), alpha, tau, mu, w_min, w_max)      # the signature's order
         assert torch.allclose(positional, w, atol=1e-12)
 
