@@ -232,7 +232,7 @@ class TokenRegGRPOTrainer(GRPOTrainer):
                 "clip_frac": info["clip_frac"] * n, "ratio_mean": info["ratio_mean"] * n}
         if self.beta != 0:
             sums["kl"] = info["kl"] * n
-        if "kl_mask" in info:
+        if "kl_mask" in info and self.beta != 0:         # with beta = 0 the mask multiplies nothing
             sums["kl_mask_frac"] = (info["kl_mask"] * mask).sum()
         totals = self.accelerator.reduce(torch.stack([*sums.values(), n]).float(), reduction="sum")
         mode = "train" if self.model.training else "eval"
