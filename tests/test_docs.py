@@ -89,7 +89,7 @@ def test_our_code_calls_no_deprecated_transformers_api():
     """pytest.ini ignores two FutureWarnings that peft and TRL raise through their own calls;
     this keeps the deprecated names out of ours (transformers 5.24: `cache=`, activation
     checkpointing)."""
-    deprecated = re.compile(r"past_key_values\s*=|\.past_key_values\b|gradient_checkpointing_enable|"
+    deprecated = re.compile(r"past_key_values\s*=|\.past_key_values\b|gradient_checkpointing_(en|dis)able|"
                             r"is_gradient_checkpointing")
     offenders = [f"{path.relative_to(REPO)}:{number}" for path in sorted(REPO.glob("*.py"))
                  + sorted((REPO / "benchmarks").glob("*.py"))
