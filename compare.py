@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol", "smol-active"])
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol", "smol-active", "smol-long"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     parser.add_argument("--jobs", type=int, default=None,

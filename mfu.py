@@ -34,9 +34,11 @@ def forward_flops_per_token(model):
 
 
 @functools.lru_cache(maxsize=None)
-def matmul_peak(device_type, dtype=torch.float32, n=2048, repeats=5):
+def matmul_peak(device_type, dtype=torch.float32, n=None, repeats=5):
     """FLOP/s of the best of a few n x n matmuls on this device: the ceiling MFU is measured
-    against (CPU: the 2n^3 FLOPs of float32 GEMM with torch's threads; CUDA: bf16 or fp32)."""
+    against (CPU: the 2n^3 FLOPs of float32 GEMM with torch's threads; CUDA: bf16 or fp32).
+    n = 8192 on a GPU, whose matmul units a 2048 x 2048 product leaves partly idle."""
+    n = n or (8192 if device_type == "cuda" else 2048)
     # Its own generator: drawing from the global one would shift the sampling stream of every
     # run after step 1, and that of a resumed run differently from an uninterrupted one.
     gen = torch.Generator(device=device_type).manual_seed(0)

