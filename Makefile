@@ -47,11 +47,12 @@ demo: setup
 demo-tiny: setup
 	$(PYTHON) train.py --preset tiny $(ARGS)
 
-# logs/compare-smol: the smol preset (docs/figures); logs/compare-smol-active, once shipped: the
-# smol-active preset, where the KL term and the clip act (docs/figures/active).
+# logs/compare-smol: the smol preset (docs/figures); logs/compare-smol-active, once its 12 runs
+# are shipped (they ship one by one): the smol-active preset, where the KL term and the clip act
+# (docs/figures/active).
 figures: setup
 	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
-	if [ -d logs/compare-smol-active ]; then \
+	if [ "$$(ls -d logs/compare-smol-active/*-s*/ 2>/dev/null | wc -l)" -eq 12 ]; then \
 		$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table; fi
 
 test: setup-test

@@ -178,10 +178,12 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     tables it writes is in the README, so the README cannot drift from the logs it cites. The
     comparison where every mechanism acts (smol-active) is checked once its logs ship."""
     repo = Path(__file__).resolve().parents[1]
-    if not (repo / "logs" / logs).is_dir():
-        pytest.skip(f"logs/{logs} is not shipped yet (python compare.py --preset smol-active --seeds 0 1 2)")
     runs = sorted(p for p in (repo / "logs" / logs).glob("*-s*") if p.is_dir())
-    assert {r.name for r in runs} == {f"{loss}-s{seed}" for loss in LOSSES for seed in (0, 1, 2)}
+    expected = {f"{loss}-s{seed}" for loss in LOSSES for seed in (0, 1, 2)}
+    if logs != "compare-smol" and {r.name for r in runs} < expected:      # it ships run by run
+        pytest.skip(f"logs/{logs} holds {len(runs)} of its 12 runs so far "
+                    "(python compare.py --preset smol-active --seeds 0 1 2 --out logs/compare-smol-active)")
+    assert {r.name for r in runs} == expected
     for run in runs:
         assert {"config.json", "metrics.jsonl", "samples.jsonl"} <= {p.name for p in run.iterdir()}
     assert plots.main([str(r) for r in runs] + ["--out", str(tmp_path), "--table"]) == 0
