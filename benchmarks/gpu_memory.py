@@ -48,6 +48,7 @@ desktop uses: compare the peak reserved memory with the card's size minus that.
 import argparse
 import contextlib
 import json
+import math
 import platform
 import shutil
 import statistics
@@ -55,6 +56,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
@@ -414,8 +416,8 @@ def main(argv=None):
     phases = Phases(cuda)
     code, saves = 0, contextlib.ExitStack()
     if not a.save:                         # the last step's checkpoint and final/: disk, not GPU memory
-        saves.enter_context(_skipped(train.checkpoints, "save_checkpoint"))
-        saves.enter_context(_skipped(train.checkpoints, "save_final"))
+        saves.enter_context(mock.patch.object(train.checkpoints, "save_checkpoint", do_nothing))
+        saves.enter_context(mock.patch.object(train.checkpoints, "save_final", do_nothing))
     try:
         with saves, phases.patched():
             code = train.main(flags)
@@ -441,14 +443,8 @@ def main(argv=None):
     return code
 
 
-@contextlib.contextmanager
-def _skipped(module, name):
-    original = getattr(module, name)
-    setattr(module, name, lambda *args, **kwargs: None)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
+def do_nothing(*args, **kwargs):
+    return None
 
 
 def _parameters(model_dir):
@@ -459,17 +455,10 @@ def _parameters(model_dir):
         for f in Path(model_dir).glob("*.safetensors"):
             with safe_open(f, "pt") as st:
                 for k in st.keys():
-                    n += _numel(st.get_slice(k).get_shape())
+                    n += math.prod(st.get_slice(k).get_shape())
         return n or None
     except Exception:
         return None
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _version(package):
