@@ -17,6 +17,7 @@ two runs starting at once never leave half a model behind.
 """
 import contextlib
 import copy
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -303,14 +304,18 @@ def pick_device(cfg):
         raise SystemExit("error: --device mps but Apple's GPU (MPS) is not available: it needs a Mac with "
                          "Apple silicon, macOS 12.3 or newer and a torch built with MPS; use --device cpu")
     if name == "cuda" and cfg.dtype == "bfloat16" and torch.cuda.get_device_capability()[0] < 8:
-        # A T4 or V100 emulates bf16 (slowly); scoring.autocast then computes in float32 instead.
-        print(f"note: {torch.cuda.get_device_name()} has no native bf16 (compute capability "
-              f"{'.'.join(map(str, torch.cuda.get_device_capability()))} < 8): computing in float32",
-              file=sys.stderr)
+        note_no_native_bf16(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
     if name == "mps" and cfg.dtype == "bfloat16" and not torch.backends.mps.is_macos_or_newer(14, 0):
         raise SystemExit("error: --dtype bfloat16 on Apple's GPU (MPS) needs macOS 14 or newer; "
                          "use --dtype float32")
     return torch.device(name)
+
+
+@functools.cache      # once per process, however often the device is picked (benchmarks pick it twice)
+def note_no_native_bf16(gpu, capability):
+    # A T4 or V100 emulates bf16 (slowly); scoring.autocast then computes in float32 instead.
+    print(f"note: {gpu} has no native bf16 (compute capability "
+          f"{'.'.join(map(str, capability))} < 8): computing in float32", file=sys.stderr)
 
 
 def mps_fallback_advice(error):

@@ -68,12 +68,14 @@ def test_resume_on_the_gpu_restores_the_sampling_stream(tmp_path, warm):
 
 def test_a_gpu_without_native_bf16_is_told_it_computes_in_float32(monkeypatch, capsys):
     """A T4 (compute capability 7.5) emulates bf16, slowly: --dtype bfloat16 computes in float32
-    there, and says so."""
+    there, and says so, once however often the device is picked."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     cfg = train.parse_config(["--preset", "qwen-0.5b", "--device", "cuda"])
+    models.note_no_native_bf16.cache_clear()
     assert models.pick_device(cfg) == torch.device("cuda")
-    assert "Tesla T4 has no native bf16" in capsys.readouterr().err
+    assert models.pick_device(cfg) == torch.device("cuda")
+    assert capsys.readouterr().err.count("Tesla T4 has no native bf16") == 1
     import scoring
     assert isinstance(scoring.autocast(cfg, torch.device("cuda")), type(scoring.contextlib.nullcontext()))
