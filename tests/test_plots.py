@@ -1,6 +1,7 @@
 """Tests for plots.py on small hand-made logs (no training)."""
 import json
 import math
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -174,8 +175,9 @@ def test_token_figure_uses_the_last_group_with_mixed_rewards():
 @pytest.mark.parametrize("logs, figures", [("compare-smol", "figures"),
                                            ("compare-smol-active", "figures/active")])
 def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures):
-    """`make figures` redraws the README's figures and tables from logs/ alone; every row of the
-    tables it writes is in the README, so the README cannot drift from the logs it cites."""
+    """`make figures` redraws the README's figures and tables from logs/ alone; each table it
+    writes is in the README whole (header, separator, rows, in order), so the README cannot
+    drift from the logs it cites."""
     repo = Path(__file__).resolve().parents[1]
     runs = sorted(p for p in (repo / "logs" / logs).glob("*-s*") if p.is_dir())
     expected = {f"{loss}-s{seed}" for loss in LOSSES for seed in (0, 1, 2)}
@@ -184,8 +186,9 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
         assert {"config.json", "metrics.jsonl", "samples.jsonl"} <= {p.name for p in run.iterdir()}
     assert plots.main([str(r) for r in runs] + ["--out", str(tmp_path), "--table"]) == 0
     readme = (repo / "README.md").read_text(encoding="utf-8")
-    rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(rows) == 2 * (1 + len(LOSSES)) and all(row in readme for row in rows), \
-        "README table != make figures"
+    tables = re.findall(r"(?m)(?:^\|.*\n)+", (tmp_path / "results.md").read_text())
+    assert [len(t.splitlines()) for t in tables] == [2 + len(LOSSES)] * 2
+    for table in tables:
+        assert table in readme, "README table != make figures:\n" + table
     for name in ["summary.png", "token_weights.png"]:
         assert_png(repo / "docs" / figures / name)
