@@ -15,6 +15,10 @@ tested to compute what the plain computation computes (tests/test_speed.py):
 * ``weight_first_linears``: on the CPU, every nn.Linear computes x @ W.T as (W @ x.T).T, the
   operand order that MKL multiplies fastest at a decoding step's few rows.
 
+``--cuda-graphs`` swaps the loop for ``sample_in_place``: no row leaves the batch, every tensor the
+model reads keeps its shape and address, and on a GPU one decoding step is recorded once as a CUDA
+graph (``cuda_graph``) and replayed for every token.
+
 The plain computation stays one call away: ``generate_plain`` is transformers' ``generate()``
 with every sampling knob written out (``generation_config``); ``train.py --plain`` samples with it.
 Greedy, both pick the same tokens; sampled, they draw from the same distributions with different
@@ -62,15 +66,19 @@ def generate_plain(model, prompt_ids, prompt_attn, gen_config):
 
 @torch.no_grad()
 def generate(model, prompt_ids, prompt_attn, group_size, max_new_tokens, temperature, eos, pad,
-             share_prompts=True):
+             share_prompts=True, cuda_graphs=False):
     """``group_size`` completions for each of the P prompts, the rows of a group adjacent: [P*G, C].
 
     ``temperature=None`` is greedy decoding. ``share_prompts=False`` runs every row's prompt
-    itself (the same tokens, for the tests and the benchmarks)."""
+    itself (the same tokens, for the tests and the benchmarks). ``cuda_graphs``: sample_in_place,
+    replaying a CUDA graph on a GPU (elsewhere the same fixed-shape loop, eagerly)."""
     share = group_size if share_prompts else 1
     ids, attn = (t.repeat_interleave(group_size // share, dim=0) for t in (prompt_ids, prompt_attn))
     cache = prefill(model, ids, attn, group_size=share, max_len=ids.shape[1] + max_new_tokens)
     ids, attn = (t.repeat_interleave(share, dim=0) for t in (ids, attn))
+    if cuda_graphs and model.config._attn_implementation == "sdpa":      # its mask is the one we build
+        return sample_in_place(model, ids, attn, cache, max_new_tokens=max_new_tokens,
+                               temperature=temperature, eos=eos, pad=pad, graph=ids.is_cuda)
     with weight_first_linears(model):
         return sample(model, ids, attn, cache, max_new_tokens=max_new_tokens, temperature=temperature,
                       eos=eos, pad=pad)
@@ -135,6 +143,77 @@ def sample(model, ids, attn, cache, max_new_tokens, temperature, eos, pad):
             keep_rows(cache, keep.nonzero().squeeze(1))
             active = active[keep]
     return out
+
+
+@torch.no_grad()
+def sample_in_place(model, ids, attn, cache, max_new_tokens, temperature, eos, pad, graph=False):
+    """sample(), with every tensor the model reads kept at one shape and address and updated in
+    place, so that a decoding step can be recorded once as a CUDA graph and replayed per token
+    (``graph=True``): one launch where eager decoding pays one per kernel, ~500 a token for
+    SmolLM2, which is what bounds a small model's decoding on a GPU. The price: no row leaves the
+    batch (that would change the shapes); finished rows compute on and their tokens become pad."""
+    rows, width = ids.shape
+    eos = torch.tensor(eos, device=ids.device)
+    out = torch.full((rows, max_new_tokens), pad, dtype=ids.dtype, device=ids.device)   # [B, C]
+    token = ids[:, -1:].clone()                           # [B, 1] the newest token
+    position = attn.sum(1, keepdim=True) - 1              # [B, 1] its position (left padding)
+    # [B, 1, 1, L], True where the new token may attend. transformers takes a 4D mask as it is (so
+    # nothing in the step depends on the values of its inputs); the prompt's padding stays closed
+    # and the cache slot of each new token opens as that token is fed.
+    visible = torch.zeros(rows, 1, 1, width + max_new_tokens, dtype=torch.bool, device=ids.device)
+    visible[:, 0, 0, :width] = attn.bool()
+    unfinished = torch.ones(rows, dtype=torch.bool, device=ids.device)
+
+    def step():
+        return model(input_ids=token, attention_mask=visible, position_ids=position, cache=cache,
+                     use_cache=True).logits[:, -1]
+    step = cuda_graph(step) if graph else step
+    for t in range(max_new_tokens):
+        visible[:, 0, 0, width - 1 + t] = True
+        logits = step()
+        if temperature is None:
+            new = logits.argmax(-1)
+        else:
+            new = draw(torch.softmax(logits.float() / temperature, -1))
+        new = torch.where(unfinished, new, pad)
+        out[:, t] = new
+        unfinished &= ~torch.isin(new, eos)
+        if not unfinished.any():
+            break
+        token.copy_(new[:, None])
+        position += 1
+    return out
+
+
+def cuda_graph(fn, warmup=2):
+    """fn, the same computation launched as one CUDA graph: fn() itself on the first ``warmup``
+    calls (on a side stream, as CUDA asks before recording), then recorded once and replayed.
+
+    A graph replays fixed addresses: fn must read tensors that are updated in place, and each
+    replay overwrites the tensor it returned. Autocast's cache of cast weights is off inside, so
+    that a recorded cast is recorded, and runs again at every replay."""
+    graph, output, calls = None, None, 0
+    autocast = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"),
+                    dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+
+    def replay():
+        nonlocal graph, output, calls
+        calls += 1
+        with torch.autocast(**autocast):
+            if calls <= warmup:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    result = fn()
+                torch.cuda.current_stream().wait_stream(side)
+                return result
+            if graph is None:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):   # records the kernels, runs none of them
+                    output = fn()
+        graph.replay()
+        return output
+    return replay
 
 
 def draw(probs):

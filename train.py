@@ -85,6 +85,7 @@ class Config:
     warmup_only: bool = False      # build the warm start and stop
     share_prompts: bool = True     # run each prompt once per group when sampling and scoring (exact)
     plain: bool = False            # no speed devices: generate() to sample, score() on full-width rows
+    cuda_graphs: bool = False      # decode at fixed shapes, one CUDA graph replayed per token (sampling.py)
     # CW-GRPO's weights (losses.cw_grpo_weights, docs/METHODS.md): per group, as its authors compute them.
     cw_scope: str = "group"        # "batch": our other reading, statistics of the whole batch
     cw_normalise: str = "valid"    # mean 1 over real tokens; "padded": rows x longest completion (theirs)
@@ -118,9 +119,8 @@ PRESETS = {
 # smol where every loss's mechanism acts: a KL term (and with it TEPO's KL mask) and a second
 # update per batch, off policy, where the ratio moves and the clip can act.
 PRESETS["smol-active"] = dict(PRESETS["smol"], beta=0.04, updates_per_batch=2)
-# smol-active for 200 steps on one GPU, where the papers' claims about dynamics can show: harder
-# problems (levels 1 and 2 alternating: the untouched model solves ~15%), 4x the prompts per step,
-# a budget that fits a two-step solution, held-out accuracy on 400 problems every 25 steps.
+# smol-active for 200 steps on one GPU, where the papers' claims about dynamics can show: levels 1 and 2
+# alternating (the untouched model solves 10%), 4x the prompts, 128 tokens, 400 held out every 25 steps.
 PRESETS["smol-long"] = dict(PRESETS["smol-active"], level=12, steps=200, prompts_per_step=16,
                             micro_batch=8, max_new_tokens=128, eval_every=25, eval_n=400, eval_batch=100,
                             sample_every=10, ckpt_every=25)
@@ -199,7 +199,7 @@ def rollout(model, tok, questions, cfg, greedy=False, group_size=1):
         else:                          # the same distribution, faster (sampling.py)
             completions = generate(model, enc["input_ids"], enc["attention_mask"], group_size,
                                    cfg.max_new_tokens, None if greedy else cfg.temperature, eos,
-                                   tok.pad_token_id, cfg.share_prompts)
+                                   tok.pad_token_id, cfg.share_prompts, cfg.cuda_graphs)
     model.train(was_training)
     mask, truncated = completion_mask(completions, eos)
     return Rollout(ids, attn, completions, mask, truncated)

@@ -1,4 +1,4 @@
-"""On a CUDA GPU: whole tiny runs (float32 and bf16 autocast), exact resume, and what a card
+"""On a CUDA GPU: whole tiny runs (float32 and bf16 autocast, CUDA graphs), exact resume, and what a card
 without native bf16 is told. tests/test_speed.py runs its exactness tests on the GPU too (its
 fixtures take a device). Without a GPU the CUDA tests skip; the last one runs anywhere.
 
@@ -29,19 +29,21 @@ def steps(out):
             if '"loss"' in line]
 
 
-RUNS = [pytest.param("cuda", dtype, loss, marks=needs_cuda)
-        for dtype in ("float32", "bfloat16") for loss in ("grpo", "cw_grpo", "tepo")]
+RUNS = [pytest.param("cuda", dtype, loss, graphs, marks=needs_cuda)
+        for dtype in ("float32", "bfloat16") for loss in ("grpo", "cw_grpo", "tepo")
+        for graphs in ([False, True] if loss == "tepo" else [False])]
 
 
-@pytest.mark.parametrize("device,dtype,loss", RUNS + [("cpu", "bfloat16", "grpo")])
-def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss):
-    """Every phase on the GPU, in both precisions (and bf16 autocast on the CPU, whose sampling
-    layers add their bias in bf16 as F.linear does): the loss is finite, the clip acts on the
-    second update, memory is reported, and the ratio check stays quiet (sampling, scoring and
-    the update compute in the same precision)."""
+@pytest.mark.parametrize("device,dtype,loss,graphs", RUNS + [("cpu", "bfloat16", "grpo", False),
+                                                             ("cpu", "bfloat16", "grpo", True)])
+def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss, graphs):
+    """Every phase on the GPU, in both precisions, with and without CUDA graphs (and bf16 autocast
+    on the CPU, whose sampling layers add their bias in bf16 as F.linear does): the loss is
+    finite, the clip acts on the second update, memory is reported, and the ratio check stays
+    quiet (sampling, scoring and the update compute in the same precision)."""
     out = tmp_path / "run"
     assert train.main(FAST + ["--init", warm, "--device", device, "--dtype", dtype, "--loss", loss,
-                              "--steps", "3", "--out", str(out)]) == 0
+                              "--steps", "3", "--out", str(out)] + ["--cuda-graphs"] * graphs) == 0
     lines = steps(out)
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(line["loss"])) for line in lines)
@@ -52,10 +54,13 @@ def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss):
 
 
 @needs_cuda
-def test_resume_on_the_gpu_restores_the_sampling_stream(tmp_path, warm):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_resume_on_the_gpu_restores_the_sampling_stream(tmp_path, warm, graphs):
     """Stopped after step 2 and resumed, a run samples at steps 3-4 what the uninterrupted run
-    sampled: the CUDA generator's state is in the checkpoint."""
+    sampled: the CUDA generator's state is in the checkpoint (with CUDA graphs too: the draw
+    runs outside the graph)."""
     args = FAST + ["--init", warm, "--device", "cuda", "--ckpt-every", "2", "--seed", "5"]
+    args += ["--cuda-graphs"] * graphs
     assert train.main(args + ["--steps", "4", "--out", str(tmp_path / "a")]) == 0
     assert train.main(args + ["--steps", "2", "--out", str(tmp_path / "b")]) == 0
     assert train.main(args + ["--steps", "4", "--out", str(tmp_path / "b"), "--resume"]) == 0

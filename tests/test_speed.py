@@ -5,6 +5,8 @@
 - sample() (prefill once per group, static cache, finished rows dropped) picks token for token
   what transformers' generate() picks greedy, and draws each sampled token from the
   distribution a plain forward pass gives; draw() is inverse-CDF sampling, by hand;
+- sample_in_place (--cuda-graphs: fixed shapes, a CUDA graph replayed per token on a GPU) does
+  the same, keeps every row, and on a GPU launches the model only to warm up and record;
 - weight_first_linears ((W @ x.T).T for x @ W.T while sampling on the CPU) == the plain logits;
 - old_logp taken from the update's own forward pass == a separate scoring pass;
 - micro-batches cut to their longest completion == the full padded width, per loss;
@@ -181,29 +183,34 @@ def generate_reference(model, tok, questions, cfg, greedy, group_size):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
 def test_greedy_sample_picks_token_for_token_what_generate_picks(which, device, tmp_path_factory):
-    """sample() (static cache, prompts prefilled once per group, finished rows dropped) against
-    generate() (its own cache, every row to the end), which is also what --plain samples with."""
+    """sample() (static cache, prompts prefilled once per group, finished rows dropped) and
+    sample_in_place (--cuda-graphs: a CUDA graph on a GPU) against generate() (its own cache,
+    every row to the end), which is also what --plain samples with."""
     cfg, model, tok = model_for(which, device, tmp_path_factory)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48 if which == "tiny" else 16   # tiny: rows stop early
     try:
         want = generate_reference(model, tok, questions, cfg, greedy=True, group_size=3)
-        for share, plain in ((False, False), (True, False), (True, True)):
-            cfg.share_prompts, cfg.plain = share, plain
+        for share, plain, graphs in ((False, False, False), (True, False, False), (True, True, False),
+                                     (True, False, True), (False, False, True)):
+            cfg.share_prompts, cfg.plain, cfg.cuda_graphs = share, plain, graphs
             got = train.rollout(model, tok, questions, cfg, greedy=True, group_size=3).completions
-            assert torch.equal(got, want), (which, share, plain)
+            assert torch.equal(got, want), (which, share, plain, graphs)
     finally:
-        cfg.share_prompts, cfg.plain, cfg.max_new_tokens = True, False, budget
+        cfg.share_prompts, cfg.plain, cfg.cuda_graphs, cfg.max_new_tokens = True, False, False, budget
 
 
+@pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, device, tmp_path_factory,
+def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, device, graphs, tmp_path_factory,
                                                                      monkeypatch):
     """Every sampled token was drawn from softmax(logits / T) of the plain, cache-free forward
     pass over the same prefix: the drawn token's probability and the whole distribution's
-    entropy, at every step of every row, including after finished rows left the batch."""
+    entropy, at every step of every row, including after finished rows left the batch
+    (sample) or while they compute on (sample_in_place, --cuda-graphs)."""
     cfg, model, tok = model_for(which, device, tmp_path_factory)
+    monkeypatch.setattr(cfg, "cuda_graphs", graphs)
     draws, kept = [], []                  # the distributions of each step; which rows the cache kept
     real_draw, real_keep = sampling.draw, sampling.keep_rows
     monkeypatch.setattr(sampling, "draw", lambda probs: draws.append(probs) or real_draw(probs))
@@ -218,7 +225,7 @@ def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, dev
     # t = 0: prefill's repeat
     active, drops = torch.arange(len(mask)), [(t, rows) for t, rows in kept if t > 0]
     if which == "tiny":
-        assert drops                                                   # rows really left the batch
+        assert bool(drops) != graphs                      # rows really left the batch, or all stayed
     checked = 0
     for t, probs in enumerate(draws):
         for t_drop, rows in drops:
@@ -301,6 +308,46 @@ def test_finished_rows_leave_the_batch(tiny, monkeypatch):
     assert len(seen) - 1 == int(mask.sum(1).max())        # one forward per token, stop after the last EOS
 
 
+def test_sample_in_place_keeps_every_row_and_on_a_gpu_replays_one_graph(tiny, monkeypatch):
+    """--cuda-graphs: every step feeds all 12 rows (fixed shapes); on the CPU the model runs once
+    per token, on a GPU only for the two warm-up tokens and the recording: the later tokens are
+    graph replays, which no Python call sees."""
+    cfg, model, tok = tiny
+    seen, forward = [], model.forward
+    monkeypatch.setattr(model, "forward",
+                        lambda *a, **k: (seen.append(k["input_ids"].shape[0]), forward(*a, **k))[1])
+    monkeypatch.setattr(cfg, "cuda_graphs", True)
+    monkeypatch.setattr(cfg, "max_new_tokens", 48)
+    torch.manual_seed(7)
+    mask = train.rollout(model, tok, [p["question"] for p in train.load_problems(cfg)[0][:3]], cfg,
+                         group_size=4).mask
+    tokens = int(mask.sum(1).max())                       # the loop stops after the last EOS
+    assert tokens > 3 and seen[0] == 3 and set(seen[1:]) == {12}
+    assert len(seen) - 1 == (3 if model.device.type == "cuda" else tokens)
+
+
+def test_the_recorded_step_reads_no_value_back_into_python(tiny, monkeypatch):
+    """What a CUDA graph cannot hold is a step whose Python uses a tensor's value (`if
+    mask.all()`, a number read out and used): on replay that Python does not run. The CPU
+    stand-in for recording is dynamo's whole-graph trace, which fails there (checked by adding
+    each to the step); the traced step samples the same tokens."""
+    cfg, model, tok = tiny
+    if model.device.type != "cpu":
+        pytest.skip("on a GPU the graph itself is recorded (test_sample_in_place_keeps_every_row...)")
+    torch._dynamo.reset()
+    monkeypatch.setattr(sampling, "cuda_graph", lambda fn: torch.compile(fn, backend="eager", fullgraph=True))
+    enc = tok([data.render_prompt(tok, p["question"]) for p in train.load_problems(cfg)[0][:3]],
+              return_tensors="pt", padding=True, add_special_tokens=False)
+    eos = sampling.eos_ids(model, tok)
+    ids, attn = (t.repeat_interleave(4, 0) for t in (enc["input_ids"], enc["attention_mask"]))
+    got = []
+    for graph in (False, True):
+        cache = sampling.prefill(model, ids, attn, group_size=1, max_len=ids.shape[1] + 24)
+        got.append(sampling.sample_in_place(model, ids, attn, cache, 24, None, eos, tok.pad_token_id, graph))
+    torch._dynamo.reset()
+    assert torch.equal(*got)
+
+
 def test_old_logp_from_the_update_pass_equals_a_separate_pass(tiny, monkeypatch):
     cfg, model, tok = tiny
     cfg.loss, cache = "tepo", {}
@@ -358,8 +405,9 @@ def test_measuring_the_peak_leaves_the_sampling_stream_alone():
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_vs_generate_benchmark_runs(device, capsys):
     import benchmarks.sample_vs_generate as bench
-    assert bench.main(["--quick", "--threads", "1", "--device", device]) == 0
-    assert "same tokens: True" in capsys.readouterr().out
+    assert bench.main(["--quick", "--threads", "1", "--device", device, "--cuda-graphs"]) == 0
+    out = capsys.readouterr().out
+    assert "same tokens: True" in out and "in place" in out and "(same: True)" in out
 
 
 def test_linear_layout_benchmark_runs(tiny, capsys):
