@@ -4,11 +4,13 @@
 
 writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png, summary.png (the four in
 one), token_weights.png (which tokens each loss trusts, on one stored group) and, with
---table, results.md: a table per loss over seeds, and every run's final held-out accuracy.
+--table, results.md: a table per loss over seeds, every run's final held-out accuracy, and
+every run's dynamics (first and last step, KL, the gradient norm's smoothness).
 The README's figures and table come from the shipped logs: `make figures`.
 """
 import argparse
 import json
+import statistics
 import sys
 import textwrap
 from collections import defaultdict
@@ -280,6 +282,51 @@ def per_seed_table(runs):
     return "\n".join(rows) + "\n"
 
 
+def dynamics_table(runs):
+    """Run by run, how a run moved: completion length, the share cut off at the token budget and
+    entropy at the first and the last step; the KL to the reference (median of the last 5 steps:
+    one step can spike); the gradient norm's smoothness, which its mean hides (TR-GRPO's weights
+    of 1-1.4 scale the norm up): its mean step-to-step change over its mean, and its largest
+    value over its median (a spike); the final held-out accuracy, strict in brackets. A row per
+    loss, its seeds separated by " / "."""
+    seeds = sorted({r["seed"] for r in runs}, key=str)
+
+    def first_last(fmt):
+        return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
+
+    def change(g):
+        return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}"
+
+    def held_out(r):
+        end = r["eval"][-1]
+        strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
+        return f"{end['eval_accuracy']:.3f}{strict}"
+    columns = [   # (header, metric, its values over the steps -> the cell)
+        ("completion length, first → last step", "completion_len", first_last(".0f")),
+        ("cut off, first → last", "truncated_frac", first_last(".0%")),
+        ("entropy, first → last", "entropy", first_last(".2f")),
+        ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
+        ("grad norm, step-to-step change / mean", "grad_norm", change),
+        ("grad norm, largest / median", "grad_norm", lambda g: f"{max(g) / statistics.median(g):.2f}")]
+
+    def logged(r, key):      # at two steps or more; the KL only where there is a reference model
+        beta = r["config"].get("beta", 1)
+        return len(r["train"]) > 1 and key in r["train"][0] and (key != "kl" or beta != 0)
+    columns = [c for c in columns if any(logged(r, c[1]) for r in runs)]    # no reference model: no KL
+    header = [f"loss, seeds {' / '.join(map(str, seeds))}", *(c[0] for c in columns), "held-out (strict)"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for loss, group in by_loss(runs):
+        of_seed = {r["seed"]: r for r in group}
+
+        def cell(f, enough):         # one value per seed; "–" where the run has not logged it (yet)
+            return " / ".join(f(of_seed[s]) if s in of_seed and enough(of_seed[s]) else "–" for s in seeds)
+        cells = [cell(lambda r: f([x[key] for x in r["train"]]), lambda r: logged(r, key))
+                 for _, key, f in columns]
+        cells.append(cell(held_out, lambda r: len(r["eval"]) > 1))
+        rows.append(f"| {loss} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def pick_group(records):
     """The last stored group whose rewards differ (all-equal rewards mean zero advantages,
     so every loss would give every token a zero push: nothing to see); else the last one."""
@@ -309,7 +356,10 @@ def main(argv=None):
     if args.table:
         table = (summary_table(runs)
                  + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
-                 + per_seed_table(runs))
+                 + per_seed_table(runs)
+                 + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"
+                 + "\nand its largest value over its median):\n\n"
+                 + dynamics_table(runs))
         (out / "results.md").write_text(table)
         print(table)
     print(f"wrote {', '.join(written)} to {out}")

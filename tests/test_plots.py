@@ -155,6 +155,23 @@ def test_per_seed_table(tmp_path):
         "| tepo | 0.300 (0.100) | – |"]
 
 
+def test_dynamics_table_by_hand(tmp_path):
+    """grad_norm 1.5, 2.5, 0.5, ... (0.5 + s % 3): steps change by 1, 2, 1, ... (15 over 11
+    changes) against a mean of 1.5, i.e. 0.91; largest 2.5 over median 1.5, 1.67. Entropy
+    1 - 0.01 s (seed + 1); truncated 0.1 seed; KL 0.001 s, median of steps 8-12: 0.01. A run with
+    beta = 0 has no KL; a seed that has not run, and a metric never logged (completion_len), a
+    dash and no column."""
+    runs = [make_run(tmp_path, "grpo", 0), make_run(tmp_path, "grpo", 1), make_run(tmp_path, "tepo", 0)]
+    (runs[2] / "config.json").write_text(json.dumps({"loss": "tepo", "seed": 0, "beta": 0.0}))
+    assert plots.dynamics_table([plots.read_run(r) for r in runs]).splitlines() == [
+        "| loss, seeds 0 / 1 | cut off, first → last | entropy, first → last | KL at the end "
+        "| grad norm, step-to-step change / mean | grad norm, largest / median | held-out (strict) |",
+        "|---|---|---|---|---|---|---|",
+        "| grpo | 0% → 0% / 10% → 10% | 0.99 → 0.88 / 0.98 → 0.76 | 0.01 / 0.01 | 0.91 / 0.91 | 1.67 / 1.67 "
+        "| 0.300 (0.100) / 0.400 (0.200) |",
+        "| tepo | 0% → 0% / – | 0.99 → 0.88 / – | – / – | 0.91 / – | 1.67 / – | 0.300 (0.100) / – |"]
+
+
 def test_table_of_one_seed_and_of_old_logs(tmp_path):
     run = make_run(tmp_path, "tepo", 3)
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -176,8 +193,8 @@ def test_token_figure_uses_the_last_group_with_mixed_rewards():
                                            ("compare-smol-active", "figures/active")])
 def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures):
     """`make figures` redraws the README's figures and tables from logs/ alone; each table it
-    writes is in the README whole (header, separator, rows, in order), so the README cannot
-    drift from the logs it cites."""
+    writes is in the README (the two summary tables) or in docs/results.md (the run-by-run
+    dynamics) whole: header, separator, rows, in order. Neither can drift from the logs."""
     repo = Path(__file__).resolve().parents[1]
     runs = sorted(p for p in (repo / "logs" / logs).glob("*-s*") if p.is_dir())
     expected = {f"{loss}-s{seed}" for loss in LOSSES for seed in (0, 1, 2)}
@@ -186,9 +203,11 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
         assert {"config.json", "metrics.jsonl", "samples.jsonl"} <= {p.name for p in run.iterdir()}
     assert plots.main([str(r) for r in runs] + ["--out", str(tmp_path), "--table"]) == 0
     readme = (repo / "README.md").read_text(encoding="utf-8")
+    results = (repo / "docs" / "results.md").read_text(encoding="utf-8")
     tables = re.findall(r"(?m)(?:^\|.*\n)+", (tmp_path / "results.md").read_text())
-    assert [len(t.splitlines()) for t in tables] == [2 + len(LOSSES)] * 2
-    for table in tables:
+    assert [len(t.splitlines()) for t in tables] == [2 + len(LOSSES)] * 3
+    for table in tables[:2]:
         assert table in readme, "README table != make figures:\n" + table
+    assert tables[2] in results, "docs/results.md table != make figures:\n" + tables[2]
     for name in ["summary.png", "token_weights.png"]:
         assert_png(repo / "docs" / figures / name)
