@@ -5,7 +5,8 @@
 writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png, summary.png (the four in
 one), token_weights.png (which tokens each loss trusts, on one stored group) and, with
 --table, results.md: a table per loss over seeds, every run's final held-out accuracy, and
-every run's dynamics (first and last step, KL, the gradient norm's smoothness).
+every run's dynamics (first and last step, KL, the gradient norm's smoothness) and, for runs
+evaluated along the way, held-out accuracy and entropy at every evaluation.
 The README's figures and table come from the shipped logs: `make figures`.
 """
 import argparse
@@ -327,6 +328,28 @@ def dynamics_table(runs):
     return "\n".join(rows) + "\n"
 
 
+def over_time_table(runs, window=5):
+    """For runs evaluated along the way (--eval-every): held-out accuracy at every evaluation, and
+    the entropy around it (the mean of the `window` training steps up to it; at step 0, the first
+    step's), per loss: mean (min–max) over the seeds that got there. A column per evaluation."""
+    steps = sorted({e["step"] for r in runs for e in r["eval"]})
+    rows = {"acc": [], "entropy": []}
+    for loss, group in by_loss(runs):
+        acc, entropy = [], []
+        for step in steps:
+            at = [{e["step"]: e for e in r["eval"]}.get(step) for r in group]
+            acc.append(spread([e["eval_accuracy"] for e in at if e]))
+            around = [[x["entropy"] for x in r["train"] if step - window < x["step"] <= max(step, 1)]
+                      for r, e in zip(group, at) if e and r["train"] and "entropy" in r["train"][0]]
+            entropy.append(spread([sum(v) / len(v) for v in around if v]))
+        rows["acc"].append(f"| {loss} | " + " | ".join(acc) + " |")
+        rows["entropy"].append(f"| {loss} | " + " | ".join(entropy) + " |")
+    header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
+    return ("Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"])
+            + f"\n\nEntropy around each evaluation (the mean of the {window} steps up to it):\n\n"
+            + header + "\n".join(rows["entropy"]) + "\n")
+
+
 def pick_group(records):
     """The last stored group whose rewards differ (all-equal rewards mean zero advantages,
     so every loss would give every token a zero push: nothing to see); else the last one."""
@@ -360,6 +383,8 @@ def main(argv=None):
                  + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"
                  + "\nand its largest value over its median):\n\n"
                  + dynamics_table(runs))
+        if any(len(r["eval"]) > 2 for r in runs):                 # evaluated along the way
+            table += "\n" + over_time_table(runs)
         (out / "results.md").write_text(table)
         print(table)
     print(f"wrote {', '.join(written)} to {out}")

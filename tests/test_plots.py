@@ -172,6 +172,36 @@ def test_dynamics_table_by_hand(tmp_path):
         "| tepo | 0% → 0% / – | 0.99 → 0.88 / – | – / – | 0.91 / – | 1.67 / – | 0.300 (0.100) / – |"]
 
 
+def test_over_time_table_by_hand(tmp_path):
+    """Runs evaluated at steps 0, 5 and 10 (accuracy 0.2, 0.25 + 0.1 seed, 0.3 + 0.1 seed):
+    entropy 1 - 0.01 s (seed + 1) averaged over steps 1-5 and 6-10 is 0.97 and 0.92 for seed
+    0, 0.94 and 0.84 for seed 1 (step 0: step 1's, 0.99 and 0.98). A TEPO run stopped after
+    step 5 has dashes where it did not get; results.md gets the table only for such runs."""
+    def evaluated(root, loss, seed, stop=None):
+        run = make_run(root, loss, seed, steps=10)
+        lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+        at5 = json.dumps({"step": 5, "eval_accuracy": 0.25 + 0.1 * seed, "eval_n": 500}) + "\n"
+        lines.insert(6, at5)                                # after step 5's training line
+        (run / "metrics.jsonl").write_text("".join(lines[:stop]))
+        return plots.read_run(run)
+    runs = [evaluated(tmp_path, "grpo", 0), evaluated(tmp_path, "grpo", 1),
+            evaluated(tmp_path, "tepo", 0, stop=7)]
+    assert plots.over_time_table(runs).splitlines() == [
+        "Held-out accuracy at each evaluation:", "",
+        "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
+        "| grpo | 0.200 (0.200–0.200) | 0.300 (0.250–0.350) | 0.350 (0.300–0.400) |",
+        "| tepo | 0.200 | 0.250 | – |", "",
+        "Entropy around each evaluation (the mean of the 5 steps up to it):", "",
+        "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
+        "| grpo | 0.985 (0.980–0.990) | 0.955 (0.940–0.970) | 0.880 (0.840–0.920) |",
+        "| tepo | 0.990 | 0.970 | – |"]
+    assert plots.main([str(r["dir"]) for r in runs] + ["--out", str(tmp_path / "f"), "--table"]) == 0
+    assert "Held-out accuracy at each evaluation" in (tmp_path / "f" / "results.md").read_text()
+    plain = [plots.read_run(make_run(tmp_path / "f", "grpo", 0))]          # evaluated at start and end
+    assert plots.main([str(plain[0]["dir"]), "--out", str(tmp_path / "g"), "--table"]) == 0
+    assert "at each evaluation" not in (tmp_path / "g" / "results.md").read_text()
+
+
 def test_table_of_one_seed_and_of_old_logs(tmp_path):
     run = make_run(tmp_path, "tepo", 3)
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
