@@ -267,18 +267,20 @@ def masks_nothing(run, key):
     return key == "kl_mask_frac" and run["config"].get("beta", 1) == 0
 
 
+def final_accuracy(run):
+    """'0.715 (0.635)': the last held-out accuracy, strict in brackets (older logs: none)."""
+    end = run["eval"][-1]
+    strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
+    return f"{end['eval_accuracy']:.3f}{strict}"
+
+
 def per_seed_table(runs):
     """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column
     per seed."""
     seeds = sorted({r["seed"] for r in runs}, key=str)
     rows = ["| loss | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for loss, group in by_loss(runs):
-        cell = {}
-        for r in group:
-            if len(r["eval"]) > 1:
-                end = r["eval"][-1]
-                strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
-                cell[r["seed"]] = f"{end['eval_accuracy']:.3f}{strict}"
+        cell = {r["seed"]: final_accuracy(r) for r in group if len(r["eval"]) > 1}
         rows.append(f"| {loss} | " + " | ".join(cell.get(s, "–") for s in seeds) + " |")
     return "\n".join(rows) + "\n"
 
@@ -297,11 +299,6 @@ def dynamics_table(runs):
 
     def change(g):
         return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}"
-
-    def held_out(r):
-        end = r["eval"][-1]
-        strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
-        return f"{end['eval_accuracy']:.3f}{strict}"
     columns = [   # (header, metric, its values over the steps -> the cell)
         ("completion length, first → last step", "completion_len", first_last(".0f")),
         ("cut off, first → last", "truncated_frac", first_last(".0%")),
@@ -323,7 +320,7 @@ def dynamics_table(runs):
             return " / ".join(f(of_seed[s]) if s in of_seed and enough(of_seed[s]) else "–" for s in seeds)
         cells = [cell(lambda r: f([x[key] for x in r["train"]]), lambda r: logged(r, key))
                  for _, key, f in columns]
-        cells.append(cell(held_out, lambda r: len(r["eval"]) > 1))
+        cells.append(cell(final_accuracy, lambda r: len(r["eval"]) > 1))
         rows.append(f"| {loss} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -336,8 +333,9 @@ def over_time_table(runs, window=5):
     rows = {"acc": [], "entropy": []}
     for loss, group in by_loss(runs):
         acc, entropy = [], []
+        evals = [{e["step"]: e for e in r["eval"]} for r in group]
         for step in steps:
-            at = [{e["step"]: e for e in r["eval"]}.get(step) for r in group]
+            at = [by_step.get(step) for by_step in evals]
             acc.append(spread([e["eval_accuracy"] for e in at if e]))
             around = [[x["entropy"] for x in r["train"] if step - window < x["step"] <= max(step, 1)]
                       for r, e in zip(group, at) if e and r["train"] and "entropy" in r["train"][0]]

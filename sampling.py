@@ -128,10 +128,7 @@ def sample(model, ids, attn, cache, max_new_tokens, temperature, eos, pad):
         logits = model(input_ids=token[active, None], attention_mask=attn[active, :width + t],
                        position_ids=position[active, None], cache=cache, use_cache=True).logits[:, -1]
         token = torch.full_like(token, pad)
-        if temperature is None:
-            token[active] = logits.argmax(-1)
-        else:
-            token[active] = draw(torch.softmax(logits.float() / temperature, -1))
+        token[active] = pick(logits, temperature)
         token = torch.where(unfinished, token, pad)
         out[:, t] = token
         unfinished &= ~torch.isin(token, eos)
@@ -171,11 +168,7 @@ def sample_in_place(model, ids, attn, cache, max_new_tokens, temperature, eos, p
     for t in range(max_new_tokens):
         visible[:, 0, 0, width - 1 + t] = True
         logits = step()
-        if temperature is None:
-            new = logits.argmax(-1)
-        else:
-            new = draw(torch.softmax(logits.float() / temperature, -1))
-        new = torch.where(unfinished, new, pad)
+        new = torch.where(unfinished, pick(logits, temperature), pad)
         out[:, t] = new
         unfinished &= ~torch.isin(new, eos)
         if not unfinished.any():
@@ -214,6 +207,13 @@ def cuda_graph(fn, warmup=2):
         graph.replay()
         return output
     return replay
+
+
+def pick(logits, temperature):
+    """The next token of each row: drawn from softmax(logits / T), or the argmax for T = None."""
+    if temperature is None:
+        return logits.argmax(-1)
+    return draw(torch.softmax(logits.float() / temperature, -1))
 
 
 def draw(probs):
