@@ -16,7 +16,8 @@ splitting the CPU threads between jobs), then ``plots.py --table`` on all of the
 to ``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in
 ``<out>/<loss>-s<seed>.log``. Extra arguments after ``--`` are passed to every train.py run.
 Run it again to go on: a finished run (its metrics.jsonl logs the evaluation after the last
-step) is skipped, an interrupted one resumes from its checkpoint.
+step) is skipped, an interrupted one resumes from its checkpoint. If a run fails, the figures
+and the table hold the runs that finished, and the exit status is 1.
 """
 import argparse
 import os
@@ -89,6 +90,10 @@ def main(argv=None):
         raise SystemExit("error: every run failed; see the logs above")
     plots.main([str(r) for r in done] + ["--out", str(out / "figures"), "--table"])
     print(f"total {time.time() - start:.0f}s")
+    if len(done) < len(jobs):          # the figures hold the runs that finished; the status says not all did
+        print(f"error: {len(jobs) - len(done)} of {len(jobs)} runs failed; see their logs above",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,6 +5,8 @@ minute; what it checks is the plumbing a long comparison depends on. Finished ru
 skipped when it runs again (checked without a model, on hand-written logs)."""
 import importlib.util
 import json
+import shutil
+import subprocess
 
 import pytest
 
@@ -23,8 +25,13 @@ SMALL = ["--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "4"
 @needs_smol
 def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
     args = ["--preset", "smol", "--jobs", "1", "--steps", "1", "--out", str(tmp_path), "--", *SMALL]
-    assert compare.main(args) == 0
+    status = compare.main(args)
     out = capsys.readouterr().out
+    failed = [loss for loss in LOSSES if f"{loss:8s} seed 0: ok" not in out]
+    assert status == 0 and not failed, (            # a failed run's own log says why
+        f"{failed} failed ({shutil.disk_usage(tmp_path).free / 2**30:.1f} GiB free):\n"
+        + "\n".join(f"--- {loss}-s0.log ---\n" + (tmp_path / f"{loss}-s0.log").read_text()[-3000:]
+                    for loss in failed))
     for loss in LOSSES:
         run = tmp_path / f"{loss}-s0"
         config = json.loads((run / "config.json").read_text())
@@ -34,7 +41,6 @@ def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
         assert [r["step"] for r in rows if "loss" in r] == [1]                # one training step ...
         assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 1]    # ... between two evaluations
         assert (run / "final" / "config.json").exists()
-        assert f"{loss:8s} seed 0: ok" in out
     for figure in ("summary.png", "token_weights.png"):
         assert (tmp_path / "figures" / figure).stat().st_size > 10_000
     assert "| loss | seeds | held-out acc." in out                                   # plots.py --table
@@ -83,6 +89,21 @@ def test_compare_skips_finished_runs_and_draws_from_their_logs(tmp_path, monkeyp
     lines = (runs[0] / "metrics.jsonl").read_text().splitlines()
     (runs[0] / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")    # stopped before the last eval
     assert not compare.finished(runs[0], steps)
+
+
+def test_compare_exits_with_1_when_a_run_fails_and_draws_the_others(tmp_path, monkeypatch, capsys):
+    steps = train.PRESETS["smol-active"]["steps"]
+    *fine, broken = LOSSES
+    for loss in fine:
+        finished_run(tmp_path, loss, 0, steps)
+    monkeypatch.setattr(compare.models, "smollm2_dir", lambda: "(not needed)")
+    monkeypatch.setattr(compare.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 3))
+    assert compare.main(["--preset", "smol-active", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert f"{broken:8s} seed 0: FAILED (exit 3, see {tmp_path / f'{broken}-s0.log'})" in captured.out
+    assert "1 of 4 runs failed" in captured.err
+    table = (tmp_path / "figures" / "results.md").read_text()
+    assert all(f"| {loss} |" in table for loss in fine) and f"| {broken} |" not in table
 
 
 def test_smol_active_is_smol_with_a_kl_term_and_two_updates_per_batch():
