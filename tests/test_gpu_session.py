@@ -64,7 +64,8 @@ def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_pa
     assert started.returncode == 0 and "sweep: started" in started.stdout, started.stderr
     assert "sweep: already running" in session(SCRIPT, work, "sweep").stdout
     polled = session(SCRIPT, work, "poll", "600")
-    assert polled.returncode == 0 and "sweep: finished, exit 0" in polled.stdout, polled.stdout + polled.stderr
+    assert polled.returncode == 0, polled.stderr
+    assert "sweep: finished, exit 0" in polled.stdout, polled.stdout
     assert re.search(r"grpo-s0 +step +2: .* held-out \d\.\d{3} at step 2", polled.stdout), polled.stdout
     with tarfile.open(work / "out" / "compare-smol-long.tgz") as logs:
         names = logs.getnames()
