@@ -444,11 +444,22 @@ def test_qwen_preset_reads_local_gsm8k():
 
 
 # ----------------------------------------------------------------------------------------
-# Full size: one GRPO step of the real Qwen2.5-0.5B-Instruct architecture on CPU.
+# Full size: one GRPO step of the real Qwen2.5-0.5B-Instruct architecture on CPU, in bf16 where
+# the CPU computes bf16 natively, else in float32, as docs/performance.md advises for such a CPU
+# (emulated bf16 takes 6-7 minutes for this one step; float32 about one).
+
+def cpu_has_native_bf16():
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
 
 SMOKE = r"""
 import copy, sys, time, torch
 sys.path.insert(0, sys.argv[1])
+dtype = sys.argv[2]
 import mfu, models, train
 from transformers import Qwen2Config, Qwen2ForCausalLM
 torch.manual_seed(0)
@@ -460,9 +471,11 @@ config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
 policy = Qwen2ForCausalLM(config)
 tok = models.tiny_tokenizer()        # ids 0..96 exist in the big vocabulary as well
 cfg = train.parse_config(["--preset", "qwen-0.5b", "--prompts-per-step", "2", "--group-size", "2",
-                          "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu"])
+                          "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu", "--dtype", dtype])
 policy.activation_checkpointing_enable()
-ref = copy.deepcopy(policy).requires_grad_(False).eval().to(torch.bfloat16)
+ref = models.reference_model(policy, cfg)
+with torch.no_grad():     # one small step away from the reference, so the KL term has a gradient
+    policy.model.norm.weight.mul_(1.01)
 opt = train.make_optimizer(policy, cfg)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 problems = [{"question": "Mia has 3 pens and buys 4 more. How many pens?", "answer": "3+4=7\n#### 7"},
@@ -479,8 +492,10 @@ print(f"RESULT peak_rss_gib={peak:.2f} step_s={time.time() - t:.1f} "
 
 
 @pytest.mark.slow
-def test_full_size_qwen_step_on_cpu_in_bf16():
-    p = subprocess.run([sys.executable, "-c", SMOKE, str(REPO)], capture_output=True, text=True, timeout=900)
+def test_full_size_qwen_step_on_cpu():
+    dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
+    p = subprocess.run([sys.executable, "-c", SMOKE, str(REPO), dtype], capture_output=True, text=True,
+                       timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
     print(line)
@@ -488,7 +503,8 @@ def test_full_size_qwen_step_on_cpu_in_bf16():
     assert fields["changed"] == "True" and float(fields["grad_norm"]) > 0
     assert int(fields["params"]) == 494_032_768
     assert float(fields["entropy"]) > 5                 # random weights: near-uniform over 152k words
-    assert float(fields["peak_rss_gib"]) < 10
+    # bf16: 9.28 GiB measured (an unfused AdamW needed 10.23); float32: 9.76 (a float32 reference)
+    assert float(fields["peak_rss_gib"]) < (10 if dtype == "bfloat16" else 10.5)
 
 
 def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
