@@ -471,7 +471,8 @@ config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
 policy = Qwen2ForCausalLM(config)
 tok = models.tiny_tokenizer()        # ids 0..96 exist in the big vocabulary as well
 cfg = train.parse_config(["--preset", "qwen-0.5b", "--prompts-per-step", "2", "--group-size", "2",
-                          "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu", "--dtype", dtype])
+                          "--micro-batch", "2", "--max-new-tokens", "16", "--device", "cpu",
+                          "--dtype", dtype])
 policy.activation_checkpointing_enable()
 ref = models.reference_model(policy, cfg)
 with torch.no_grad():     # one small step away from the reference, so the KL term has a gradient
