@@ -94,13 +94,14 @@ PYTHON
 
 report() {                    # each run under $1: its last step, its phases' times, its last evaluation
     "$PY" - "$1" <<'PYTHON'
-import json, sys
+import sys
 from pathlib import Path
+import plots                  # read_run: a half-written last line of a running sweep is skipped
 for run in sorted(Path(sys.argv[1]).glob("*/")):
     if not (run / "metrics.jsonl").exists():
         continue
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps, evals = [r for r in rows if "loss" in r], [r for r in rows if "eval_accuracy" in r]
+    logged = plots.read_run(run)
+    steps, evals = logged["train"], logged["eval"]
     s = steps[-1] if steps else {}
     print(f"{run.name:28s} step {s.get('step', 0):3d}: {s.get('step_time', 0):6.2f} s (sample "
           f"{s.get('gen_time', 0):.2f}, score {s.get('score_time', 0):.2f}, update {s.get('update_time', 0):.2f}; "
@@ -130,7 +131,7 @@ check() {                     # there, alone on the GPU: the CUDA tests and the 
 }
 
 sweep() {                     # there: compare.py --preset smol-long in the background
-    if [ -e "$W/sweep.pid" ] && kill -0 "$(cat "$W/sweep.pid")" 2>/dev/null; then
+    if running; then
         echo "sweep: already running"
         return 0
     fi
@@ -162,7 +163,7 @@ for run in sorted(source.glob("*-s*/")):
 PYTHON
 }
 
-running() { kill -0 "$(cat "$W/sweep.pid" 2>/dev/null || echo 0)" 2>/dev/null; }
+running() { [ -e "$W/sweep.pid" ] && kill -0 "$(cat "$W/sweep.pid")" 2>/dev/null; }
 
 poll() {                      # there: wait, report, and send every log so far back in $OUT
     local until=$((SECONDS + ${1:-540}))

@@ -55,6 +55,21 @@ def test_setup_keeps_each_part_says_what_is_missing_and_refuses_a_damaged_join(t
     assert not (work / "site").exists()                                   # nothing was installed
 
 
+def test_a_poll_during_a_run_reads_past_its_half_written_last_line(tmp_path):
+    work = tmp_path / "work"
+    run = work / "compare-smol-long" / "tepo-s0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.1}\n'
+                                       '{"step": 1, "loss": 0.2, "step_time": 3.5, "clip_frac": 0.01}\n'
+                                       '{"step": 2, "loss": 0.')                 # being written
+    (work / "sweep.log").write_text("tepo     seed 0: running\n")
+    polled = session(SCRIPT, work, "poll", "0")
+    assert polled.returncode == 0, polled.stderr
+    assert re.search(r"tepo-s0 +step +1: +3\.50 s .* held-out 0\.100 at step 0", polled.stdout), polled.stdout
+    with tarfile.open(work / "out" / "compare-smol-long.tgz") as logs:
+        assert "compare-smol-long/tepo-s0/metrics.jsonl" in logs.getnames()
+
+
 @pytest.mark.slow
 def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_path):
     work = tmp_path / "work"

@@ -457,7 +457,7 @@ def cpu_has_native_bf16():
 
 
 SMOKE = r"""
-import copy, sys, time, torch
+import sys, time, torch
 sys.path.insert(0, sys.argv[1])
 dtype = sys.argv[2]
 import mfu, models, train
