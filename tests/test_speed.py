@@ -410,6 +410,17 @@ def test_sample_vs_generate_benchmark_runs(device, capsys):
     assert "same tokens: True" in out and "in place" in out and "(same: True)" in out
 
 
+THREADS = torch.get_num_threads()          # at import: torch's default for this machine
+
+
+def test_a_script_run_in_process_may_set_torch_threads():
+    torch.set_num_threads(1)               # as the benchmark's main above does with --threads 1
+
+
+def test_the_next_test_has_torch_default_threads_again():
+    assert torch.get_num_threads() == THREADS     # tests/conftest.py restores them after each test
+
+
 def test_linear_layout_benchmark_runs(tiny, capsys):
     import benchmarks.linear_layout as bench
     cfg, model, _ = tiny
