@@ -11,3 +11,11 @@ def restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def warm_starts(tmp_path_factory):
+    """Where the tiny model's warm starts live for the whole session. models.warm_start keys
+    each by its settings, so the modules that ask for the same one (test_train, test_speed,
+    test_cuda) build it once instead of once each."""
+    return tmp_path_factory.mktemp("warm-starts")

@@ -20,8 +20,8 @@ FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    return models.warm_start(train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")]))
+def warm(warm_starts):
+    return models.warm_start(train.parse_config(FAST + ["--out", str(warm_starts / "x")]))
 
 
 def steps(out):

