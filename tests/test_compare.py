@@ -24,7 +24,7 @@ SMALL = ["--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "4"
 @pytest.mark.slow
 @needs_smol
 def test_compare_smol_runs_every_loss_and_draws_the_figures(tmp_path, capsys):
-    args = ["--preset", "smol", "--jobs", "1", "--steps", "1", "--out", str(tmp_path), "--", *SMALL]
+    args = ["--preset", "smol", "--jobs", "2", "--steps", "1", "--out", str(tmp_path), "--", *SMALL]
     status = compare.main(args)
     out = capsys.readouterr().out
     failed = [loss for loss in LOSSES if f"{loss:8s} seed 0: ok" not in out]
