@@ -35,7 +35,7 @@ from losses import LOSSES
 HERE = Path(__file__).resolve().parent
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "smol", "smol-active", "smol-long"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -47,6 +47,12 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="default runs/compare (tiny) or runs/compare-<preset>")
     parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
     args = parser.parse_args(argv)
+    args.steps_each = args.steps or train.PRESETS[args.preset].get("steps", train.Config.steps)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     out = Path(args.out or ("runs/compare" if args.preset == "tiny" else f"runs/compare-{args.preset}"))
     out.mkdir(parents=True, exist_ok=True)
     args.jobs = args.jobs or (2 if args.preset == "tiny" else 1)
@@ -64,12 +70,10 @@ def main(argv=None):
     else:
         print(f"converting (or reusing) the packaged model: {models.smollm2_dir()}", flush=True)
 
-    steps = args.steps or train.PRESETS[args.preset].get("steps", train.Config.steps)
-
     def one(job):
         loss, seed = job
         run = out / f"{loss}-s{seed}"
-        if finished(run, steps):
+        if finished(run, args.steps_each):
             print(f"  {loss:8s} seed {seed}: finished before, skipped", flush=True)
             return run
         flags = ["--resume"] if (run / "ckpt" / "last.pt").exists() else []

@@ -149,9 +149,9 @@ copy_finished() {             # the runs under $1 that reached their last step (
     "$PY" - "$@" <<'PYTHON'
 import shutil, sys
 from pathlib import Path
-import compare, train
-source, target, args = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
-steps = int(args[args.index("--steps") + 1]) if "--steps" in args else train.PRESETS["smol-long"]["steps"]
+import compare
+source, target = Path(sys.argv[1]), Path(sys.argv[2])
+steps = compare.parse_args(["--preset", "smol-long", *sys.argv[3:]]).steps_each   # as the sweep counts them
 for run in sorted(source.glob("*-s*/")):
     if (target / run.name).exists():
         continue

@@ -111,3 +111,11 @@ def test_smol_active_is_smol_with_a_kl_term_and_two_updates_per_batch():
     differs = {k for k in vars(smol) if getattr(smol, k) != getattr(active, k)}
     assert differs == {"preset", "out", "beta", "updates_per_batch"}
     assert active.beta > 0 and active.updates_per_batch >= 2
+
+
+def test_the_steps_a_run_must_reach_are_the_presets_unless_overridden():
+    """What finished() checks against; gpu_session.sh's collect counts a run's steps the same way."""
+    assert compare.parse_args(["--preset", "smol-long"]).steps_each == 200
+    assert compare.parse_args(["--preset", "smol"]).steps_each == 15
+    assert compare.parse_args(["--preset", "tiny"]).steps_each == train.Config.steps
+    assert compare.parse_args(["--preset", "smol-long", "--steps", "50"]).steps_each == 50
