@@ -2,8 +2,8 @@
 the current step, and a resumed run continues exactly where the checkpoint left it.
 
 A run directory holds config.json, metrics.jsonl and samples.jsonl (one JSON object per line,
-flushed at once), ckpt/last.pt (weights, optimizer, scheduler, step and every random state)
-and, at the end, final/ (a plain save_pretrained directory).
+flushed at once), ckpt/last.pt (weights, optimizer, scheduler, fp16's loss scale, step and
+every random state) and, at the end, final/ (a plain save_pretrained directory).
 """
 import contextlib
 import dataclasses
@@ -46,10 +46,10 @@ def config_changes(saved, cfg):
             if k not in RESUMABLE and saved.get(k) != now.get(k)}
 
 
-def save_checkpoint(run, policy, optimizer, scheduler, step, cfg):
+def save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg):
     state = dict(model=policy.state_dict(), optimizer=optimizer.state_dict(),
-                 scheduler=scheduler.state_dict(), step=step, data_position=step * cfg.prompts_per_step,
-                 config=dataclasses.asdict(cfg),
+                 scheduler=scheduler.state_dict(), scaler=scaler.state_dict(),
+                 step=step, data_position=step * cfg.prompts_per_step, config=dataclasses.asdict(cfg),
                  rng=dict(python=random.getstate(), torch=torch.get_rng_state(),
                           cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []))
     (run / "ckpt").mkdir(exist_ok=True)
@@ -58,7 +58,7 @@ def save_checkpoint(run, policy, optimizer, scheduler, step, cfg):
     os.replace(tmp, run / "ckpt" / "last.pt")          # atomic: the old checkpoint survives a crash
 
 
-def resume(run, policy, optimizer, scheduler, cfg):
+def resume(run, policy, optimizer, scheduler, scaler, cfg):
     """Load ckpt/last.pt (refusing one written with another config), drop the log lines written
     after it, and return its step."""
     state = torch.load(run / "ckpt" / "last.pt", map_location="cpu", weights_only=True)
@@ -69,6 +69,8 @@ def resume(run, policy, optimizer, scheduler, cfg):
     policy.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler"):            # fp16's loss scale ({} from a run without one)
+        scaler.load_state_dict(state["scaler"])
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
     if state["rng"]["cuda"] and torch.cuda.is_available():

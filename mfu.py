@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from scoring import can_share_prompts
+from scoring import can_share_prompts, compute_dtype
 
 
 def forward_flops_per_token(model):
@@ -55,10 +55,10 @@ def matmul_peak(device_type, dtype=torch.float32, n=None, repeats=5):
 
 
 def peak_flops(device, cfg):
-    """The matmul peak in the dtype the model computes in (bf16 under autocast on a GPU)."""
-    bf16 = (cfg.dtype == "bfloat16" and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 8)
-    return matmul_peak(device.type, torch.bfloat16 if bf16 else torch.float32)
+    """The matmul peak in the dtype the model computes in on a GPU (bf16 or fp16 under autocast);
+    float32's on the CPU, whose bf16 and fp16 products run no faster where the CPU lacks them."""
+    dtype = compute_dtype(cfg, device) if device.type == "cuda" else None
+    return matmul_peak(device.type, dtype or torch.float32)
 
 
 def step_flops(model, prompt_attn, mask, cfg):
@@ -99,7 +99,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="This machine's matmul peak, against which MFU is measured.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else
                         "mps" if torch.backends.mps.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = torch's default")
     args = parser.parse_args()
     if args.threads:

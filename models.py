@@ -34,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 import data
+from scoring import compute_dtype
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("TOKENREG_CACHE", HERE / "runs" / "models"))   # converted models live here
@@ -283,13 +284,14 @@ def load_model(cfg, device):
 
 
 def reference_model(policy, cfg):
-    """The frozen reference for the KL term: a copy of the starting policy (in bf16 when the run
-    computes in bf16). None when beta = 0 (no KL term) and with LoRA, whose reference is the
-    same model with its adapters switched off (no second copy)."""
+    """The frozen reference for the KL term: a copy of the starting policy (in bf16 or fp16 when
+    the run computes in it). None when beta = 0 (no KL term) and with LoRA, whose reference is
+    the same model with its adapters switched off (no second copy)."""
     if cfg.beta == 0 or cfg.lora_rank > 0:
         return None
     ref = copy.deepcopy(policy).requires_grad_(False).eval()
-    return ref.to(torch.bfloat16) if cfg.dtype == "bfloat16" else ref
+    dtype = compute_dtype(cfg, next(policy.parameters()).device)
+    return ref if dtype is None else ref.to(dtype)
 
 
 def pick_device(cfg):
@@ -305,6 +307,8 @@ def pick_device(cfg):
                          "Apple silicon, macOS 12.3 or newer and a torch built with MPS; use --device cpu")
     if name == "cuda" and cfg.dtype == "bfloat16" and torch.cuda.get_device_capability()[0] < 8:
         note_no_native_bf16(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    if name == "cpu" and cfg.dtype == "float16":
+        note_fp16_on_the_cpu()
     if name == "mps" and cfg.dtype == "bfloat16" and not torch.backends.mps.is_macos_or_newer(14, 0):
         raise SystemExit("error: --dtype bfloat16 on Apple's GPU (MPS) needs macOS 14 or newer; "
                          "use --dtype float32")
@@ -315,7 +319,14 @@ def pick_device(cfg):
 def note_no_native_bf16(gpu, capability):
     # A T4 or V100 emulates bf16 (slowly); scoring.autocast then computes in float32 instead.
     print(f"note: {gpu} has no native bf16 (compute capability "
-          f"{'.'.join(map(str, capability))} < 8): computing in float32", file=sys.stderr)
+          f"{'.'.join(map(str, capability))} < 8): computing in float32. --dtype float16 (with a "
+          "gradient scaler) is this card's faster choice", file=sys.stderr)
+
+
+@functools.cache
+def note_fp16_on_the_cpu():
+    print("note: --dtype float16 is for GPUs: most CPUs have no fp16 matrix instructions and compute "
+          "it far slower than float32 (docs/performance.md)", file=sys.stderr)
 
 
 def mps_fallback_advice(error):
@@ -337,6 +348,14 @@ def mps_advice():
         if (advice := mps_fallback_advice(e)) is None:
             raise
         raise SystemExit(f"error: {advice}") from None
+
+
+def grad_scaler(cfg, device):
+    """fp16's loss scaler: the loss is multiplied by a large factor before the backward pass, so
+    that small gradients do not underflow fp16 (below 6e-8 they become 0), and divided back
+    before the clip; a step whose gradients overflowed is skipped and the factor halved. In
+    float32 and bf16 (float32's range) it is switched off and every call passes straight through."""
+    return torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
 
 
 def make_optimizer(policy, cfg):

@@ -11,6 +11,7 @@ The README's figures and table come from the shipped logs: `make figures`.
 """
 import argparse
 import json
+import math
 import statistics
 import sys
 import textwrap
@@ -63,6 +64,9 @@ def read_run(run_dir):
     cfg_path = run_dir / "config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
     records = read_jsonl(metrics)
+    for r in records:     # a step fp16's gradient scaler skipped (gradients overflowed): no norm of a step
+        if "grad_norm" in r and not math.isfinite(r["grad_norm"]):
+            del r["grad_norm"]
     return {"dir": run_dir, "loss": cfg.get("loss", run_dir.name), "seed": cfg.get("seed", "?"),
             "config": cfg, "train": [r for r in records if "loss" in r],
             "eval": [r for r in records if "eval_accuracy" in r]}
@@ -245,7 +249,7 @@ def summary_table(runs, last=5):
                ("kl_mask_frac", "kl_mask_frac", mean)]          # (header, metric, reduction over steps)
 
     def per_run(group, key, f):
-        return [f([x[key] for x in r["train"]]) for r in group
+        return [f([x[key] for x in r["train"] if key in x]) for r in group
                 if r["train"] and key in r["train"][0] and not masks_nothing(r, key)]
 
     columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
@@ -318,7 +322,7 @@ def dynamics_table(runs):
 
         def cell(f, enough):         # one value per seed; "–" where the run has not logged it (yet)
             return " / ".join(f(of_seed[s]) if s in of_seed and enough(of_seed[s]) else "–" for s in seeds)
-        cells = [cell(lambda r: f([x[key] for x in r["train"]]), lambda r: logged(r, key))
+        cells = [cell(lambda r: f([x[key] for x in r["train"] if key in x]), lambda r: logged(r, key))
                  for _, key, f in columns]
         cells.append(cell(final_accuracy, lambda r: len(r["eval"]) > 1))
         rows.append(f"| {loss} | " + " | ".join(cells) + " |")

@@ -12,25 +12,35 @@ against ``score``):
   batch's: padding comes after every real token, and causal attention never looks forward.
 
 ``train.py --plain`` turns both off. A ``batch`` is anything with the fields of train.Rollout
-(prompt_ids, prompt_attn, completions, mask; tensors with a row per completion).
+(prompt_ids, prompt_attn, completions, mask; tensors with a row per completion). ``autocast``
+is the precision sampling, scoring and the update compute in (``--dtype``);
+``check_ratio_is_one`` compares the update's own pass with ``score`` before the first step.
 """
 import contextlib
 import dataclasses
+import sys
 
 import torch
 
 from losses import token_logprobs, token_logprobs_plain
 
 
+def compute_dtype(cfg, device):
+    """The dtype autocast computes in (None: float32). bf16 only where it is real:
+    is_bf16_supported() says yes on a T4 (emulated, slow), so ask for compute capability >= 8;
+    below it --dtype bfloat16 computes in float32 (models.pick_device says so), and --dtype
+    float16 is such a card's fast path. fp16 comes with train.py's gradient scaler."""
+    if cfg.dtype == "float16":
+        return torch.float16
+    emulated_bf16 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8
+    return torch.bfloat16 if cfg.dtype == "bfloat16" and not emulated_bf16 else None
+
+
 def autocast(cfg, device):
-    """bf16 autocast where it is real. is_bf16_supported() says yes on a T4 (emulated, slow):
-    ask for compute capability >= 8 instead. Master weights and AdamW stay float32, because
-    bf16 weights silently drop updates smaller than 1/256 of the weight (lr 1e-6 does)."""
-    if cfg.dtype != "bfloat16":
-        return contextlib.nullcontext()
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+    """Autocast in compute_dtype. Master weights and AdamW stay float32, because bf16 weights
+    silently drop updates smaller than 1/256 of the weight (lr 1e-6 does; fp16's 1/2048 too)."""
+    dtype = compute_dtype(cfg, device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def score(model, batch, cfg):
@@ -122,3 +132,17 @@ def score_no_grad(model, batch, cfg):
         parts.append([pad_to(t, C) for t in score(model, part, cfg)])
     logp, entropy = (torch.cat(t) for t in zip(*parts))
     return logp, entropy
+
+
+def check_ratio_is_one(train_logp, plain_logp, mask, tol):
+    """Before the first update the policy is the sampling policy, so log(pi / pi_old) must be 0:
+    the training pass against the plain, gradient-free score() catches dropout at scoring time,
+    a wrong temperature, and any difference between the speed devices and the plain computation.
+    ``tol``: float32 agrees to ~1e-5; bf16 and fp16 round differently in differently shaped
+    batches (bf16: ~1e-2), so they get a looser bound, still far below what dropout or a wrong T
+    cause. train.grpo_step runs it on one row."""
+    drift = ((train_logp - plain_logp).abs() * mask).max().item()
+    if drift > tol:
+        print("warning: the importance ratio is not 1 before the first update "
+              f"(max |log ratio| {drift:.2e}): "
+              "sampling and scoring disagree (dropout on? temperature?)", file=sys.stderr)

@@ -32,9 +32,9 @@ import models
 import rewards
 from data import batch_of_prompts, load_problems
 from losses import LOSSES, cw_grpo_weights, group_advantages, microbatch_scale
-from models import load_model, make_optimizer, pick_device, reference_model
+from models import grad_scaler, load_model, make_optimizer, pick_device, reference_model
 from sampling import eos_ids, generate, generate_plain, generation_config
-from scoring import autocast, micro_batches, pad_to, score_no_grad, training_scorer
+from scoring import autocast, check_ratio_is_one, micro_batches, pad_to, score_no_grad, training_scorer
 
 
 # ----------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ class Config:
     sample_every: int = 10         # append a sampled group to samples.jsonl, print a completion
     ckpt_every: int = 25
     device: str = "auto"           # auto (CUDA, then Apple's MPS, then CPU) | cpu | cuda | mps
-    dtype: str = "float32"         # float32 | bfloat16 (autocast; master weights stay float32)
+    dtype: str = "float32"         # float32 | bfloat16 | float16 (autocast; master weights stay float32)
     grad_checkpointing: bool = False
     lora_rank: int = 0             # > 0: train LoRA adapters (needs `pip install peft`)
     threads: int = 0               # CPU threads; 0 = torch's default
@@ -135,7 +135,8 @@ def parse_config(argv=None):
         else:
             type_name = f.type if isinstance(f.type, str) else f.type.__name__
             kind = {"int": int, "float": float, "str": str}.get(type_name)
-            choices = {"preset": list(PRESETS), "loss": list(LOSSES), "dtype": ["float32", "bfloat16"],
+            choices = {"preset": list(PRESETS), "loss": list(LOSSES),
+                       "dtype": ["float32", "bfloat16", "float16"],
                        "device": ["auto", "cpu", "cuda", "mps"], "cw_scope": ["group", "batch"],
                        "cw_normalise": ["valid", "padded"],
                        "agg": ["", "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
@@ -229,9 +230,10 @@ def decode(tok, completions, mask):
 # ----------------------------------------------------------------------------------------
 # One GRPO step.
 
-def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
-    """Sample, reward, score and update on one batch of problems; returns (metrics, sample record)."""
-    G, times = cfg.group_size, {}
+def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device, scaler=None):
+    """Sample, reward, score and update on one batch of problems; returns (metrics, sample record).
+    ``scaler``: fp16's gradient scaler, kept from step to step (None: a new one, see grad_scaler)."""
+    G, times, scaler = cfg.group_size, {}, scaler or grad_scaler(cfg, device)
     # 1. Rollout: G completions per problem from the current policy, which is also the "old" policy.
     t = time.perf_counter()
     batch = rollout(policy, tok, [p["question"] for p in problems], cfg, group_size=G)
@@ -268,7 +270,7 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     t, updates = time.perf_counter(), []
     for k in range(cfg.updates_per_batch):
         stats, (logp, ent) = update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp,
-                                    cw_weights, cfg)
+                                    cw_weights, cfg, scaler)
         updates.append(stats)
         if k == 0:
             check_ratio_is_one(logp[:1], row0, batch.mask[:1], tol=1e-3 if cfg.dtype == "float32" else 0.1)
@@ -279,6 +281,9 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     # 6. Log: what happened, per step; and one group token by token, for the plots.
     metrics = {**step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times),
                **mfu.phase_mfu(policy, batch, cfg, times, device)}
+    if scaler.is_enabled():            # fp16: the loss scale, and the updates skipped for overflowing
+        metrics.update(grad_scale=scaler.get_scale(),
+                       skipped_updates=sum(not math.isfinite(grad_norm) for _, grad_norm, _ in updates))
     sample = dict(prompt=data.render_prompt(tok, problems[0]["question"]), completions=texts[:G],
                   tokens=[[tok.decode([i]) for i in row] for row in batch.completions[:G].tolist()],
                   logp=old_logp[:G].tolist(), entropy=entropy[:G].tolist(), advantages=adv[:G].tolist(),
@@ -286,7 +291,7 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device):
     return metrics, sample
 
 
-def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp, cw_weights, cfg):
+def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp, cw_weights, cfg, scaler):
     """One optimizer step on the whole batch, accumulated over micro-batches. Each micro-batch's
     loss is scaled by microbatch_scale, so the gradient is the full batch's whatever the split.
     old_logp=None: on policy, each micro-batch's own detached log-probs are the old ones.
@@ -311,29 +316,21 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
         loss, info = loss_fn(logp, old, None if ref_logp is None else ref_logp[rows, :width],
                              adv[rows], part.mask, ent, **kwargs, **extra)
         loss = loss * microbatch_scale(agg, part.mask, batch.mask)
-        loss.backward()
+        scaler.scale(loss).backward()                           # fp16: scaled up (grad_scaler)
         total += loss.item()
         infos.append((info, part.mask.sum().item()))
         seen.append((pad_to(logp.detach(), C), pad_to(ent.detach(), C)))
+    scaler.unscale_(optimizer)                                  # fp16: the true gradients, to clip
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm).item()
-    if not (math.isfinite(total) and math.isfinite(grad_norm)):
+    # fp16 gradients that overflow while scaled up skip the step and halve the scale; any other
+    # non-finite number is an error.
+    overflow = scaler.is_enabled() and not math.isfinite(grad_norm) and scaler.get_scale() >= 1
+    if not (math.isfinite(total) and (math.isfinite(grad_norm) or overflow)):
         raise FloatingPointError(f"non-finite loss ({total}) or gradient norm ({grad_norm})")
-    optimizer.step()
+    scaler.step(optimizer)                                      # optimizer.step(), unless fp16 overflowed
+    scaler.update()
     scheduler.step()
     return (total, grad_norm, infos), tuple(torch.cat(t) for t in zip(*seen))
-
-
-def check_ratio_is_one(train_logp, plain_logp, mask, tol):
-    """Before the first update the policy is the sampling policy, so log(pi / pi_old) must be 0:
-    the training pass against the plain, gradient-free score() catches dropout at scoring time,
-    a wrong temperature, and any difference between the speed devices and the plain computation.
-    ``tol``: float32 agrees to ~1e-5; bf16 rounds differently in differently shaped batches
-    (~1e-2), so it gets a looser bound, still far below what dropout or a wrong T cause."""
-    drift = ((train_logp - plain_logp).abs() * mask).max().item()
-    if drift > tol:
-        print("warning: the importance ratio is not 1 before the first update "
-              f"(max |log ratio| {drift:.2e}): "
-              "sampling and scoring disagree (dropout on? temperature?)", file=sys.stderr)
 
 
 def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
@@ -400,7 +397,8 @@ def main(argv=None):
     optimizer = make_optimizer(policy, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))
-    start = checkpoints.resume(run, policy, optimizer, scheduler, cfg) if cfg.resume else 0
+    scaler = grad_scaler(cfg, device)             # fp16 only; passes straight through otherwise
+    start = checkpoints.resume(run, policy, optimizer, scheduler, scaler, cfg) if cfg.resume else 0
     (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     metrics, samples = checkpoints.Log(run / "metrics.jsonl"), checkpoints.Log(run / "samples.jsonl")
 
@@ -418,7 +416,7 @@ def main(argv=None):
             t0 = time.perf_counter()
             try:
                 prompts = batch_of_prompts(train, cfg, step)
-                m, sample = grpo_step(policy, ref, tok, optimizer, scheduler, prompts, cfg, device)
+                m, sample = grpo_step(policy, ref, tok, optimizer, scheduler, prompts, cfg, device, scaler)
             except FloatingPointError as e:
                 raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint is "
                                  f"{run}/ckpt/last.pt (try a lower --lr).") from None
@@ -435,7 +433,7 @@ def main(argv=None):
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
                 held_out_accuracy(step)
             if step % cfg.ckpt_every == 0 or step == cfg.steps or stop["requested"]:
-                checkpoints.save_checkpoint(run, policy, optimizer, scheduler, step, cfg)
+                checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg)
             if stop["requested"]:
                 print(f"stopped at step {step}; continue with: python train.py --out {run} --resume "
                       f"(and the same flags)")

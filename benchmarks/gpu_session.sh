@@ -16,8 +16,9 @@
 #   carry .gpu/part-3             bash benchmarks/gpu_session.sh setup && bash benchmarks/gpu_session.sh check
 #   #   setup: gathers the parts in $GPU_SESSION_DIR; with all three in, joins them, checks the
 #   #   sha256, installs the wheels and converts the model (until then it says what is missing)
-#   #   check: the CUDA tests, sample() against generate(), and three 3-step probes of the long
-#   #   comparison's step (eager, --cuda-graphs, and with --dtype bfloat16), into $OUT/check.log
+#   #   check: the CUDA tests, sample() against generate(), fp16 against float32, and three 3-step
+#   #   probes of the long comparison's step (eager, --cuda-graphs, and with --dtype bfloat16),
+#   #   into $OUT/check.log
 #   bash benchmarks/gpu_session.sh sweep --seeds 0 1 2 [--steps N] [-- train.py flags]
 #   #   compare.py --preset smol-long in the background (setsid), from a copy of the code, its
 #   #   runs outside the repository, where a later call's copy of the working tree cannot reach
@@ -118,6 +119,7 @@ check() {                     # there, alone on the GPU: the CUDA tests and the 
         "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_speed.py \
             -m "slow or not slow" -k "cuda or gpu" || true
         "$PY" benchmarks/sample_vs_generate.py --device cuda --cuda-graphs || true
+        "$PY" benchmarks/fp16_vs_float32.py --device cuda || true      # a T4's --dtype float16, checked
         # the long comparison's step three ways: what one 200-step run of it costs on this GPU
         rm -rf "$W/probe" && mkdir -p "$W/probe"
         for flags in "" "--cuda-graphs" "--cuda-graphs --dtype bfloat16"; do

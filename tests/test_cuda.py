@@ -1,5 +1,5 @@
-"""On a CUDA GPU: whole tiny runs (float32 and bf16 autocast, CUDA graphs), exact resume, and what a card
-without native bf16 is told. tests/test_speed.py runs its exactness tests on the GPU too (its
+"""On a CUDA GPU: whole tiny runs (float32, bf16 and fp16 autocast, CUDA graphs), exact resume, and what a
+card without native bf16 is told. tests/test_speed.py runs its exactness tests on the GPU too (its
 fixtures take a device). Without a GPU the CUDA tests skip; the last one runs anywhere.
 
     pytest tests/test_cuda.py tests/test_speed.py -k cuda       # on a machine with a GPU
@@ -30,17 +30,19 @@ def steps(out):
 
 
 RUNS = [pytest.param("cuda", dtype, loss, graphs, marks=needs_cuda)
-        for dtype in ("float32", "bfloat16") for loss in ("grpo", "cw_grpo", "tepo")
+        for dtype in ("float32", "bfloat16", "float16") for loss in ("grpo", "cw_grpo", "tepo")
         for graphs in ([False, True] if loss == "tepo" else [False])]
 
 
 @pytest.mark.parametrize("device,dtype,loss,graphs", RUNS + [("cpu", "bfloat16", "grpo", False),
-                                                             ("cpu", "bfloat16", "grpo", True)])
+                                                             ("cpu", "bfloat16", "grpo", True),
+                                                             ("cpu", "float16", "grpo", False)])
 def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss, graphs):
-    """Every phase on the GPU, in both precisions, with and without CUDA graphs (and bf16 autocast
-    on the CPU, whose sampling layers add their bias in bf16 as F.linear does): the loss is
-    finite, the clip acts on the second update, memory is reported, and the ratio check stays
-    quiet (sampling, scoring and the update compute in the same precision)."""
+    """Every phase on the GPU, in the three precisions, with and without CUDA graphs (and bf16 and
+    fp16 autocast on the CPU, whose sampling layers add their bias in bf16 as F.linear does): the
+    loss is finite, the clip acts on the second update, memory is reported, the ratio check stays
+    quiet (sampling, scoring and the update compute in the same precision), and fp16 logs its
+    gradient scale."""
     out = tmp_path / "run"
     assert train.main(FAST + ["--init", warm, "--device", device, "--dtype", dtype, "--loss", loss,
                               "--steps", "3", "--out", str(out)] + ["--cuda-graphs"] * graphs) == 0
@@ -49,6 +51,7 @@ def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss, grap
     assert all(torch.isfinite(torch.tensor(line["loss"])) for line in lines)
     assert max(line["clip_frac"] for line in lines) > 0
     assert all(line["peak_mem_gb"] > 0 for line in lines)
+    assert all(("grad_scale" in line) == (dtype == "float16") for line in lines)
     assert "importance ratio is not 1" not in capsys.readouterr().err
     assert (out / "final" / "config.json").exists()
 
@@ -81,6 +84,10 @@ def test_a_gpu_without_native_bf16_is_told_it_computes_in_float32(monkeypatch, c
     models.note_no_native_bf16.cache_clear()
     assert models.pick_device(cfg) == torch.device("cuda")
     assert models.pick_device(cfg) == torch.device("cuda")
-    assert capsys.readouterr().err.count("Tesla T4 has no native bf16") == 1
+    err = capsys.readouterr().err
+    assert err.count("Tesla T4 has no native bf16") == 1 and "--dtype float16" in err
     import scoring
     assert isinstance(scoring.autocast(cfg, torch.device("cuda")), type(scoring.contextlib.nullcontext()))
+    assert scoring.compute_dtype(cfg, torch.device("cuda")) is None           # the reference too: float32
+    fp16 = train.parse_config(["--preset", "qwen-0.5b", "--device", "cuda", "--dtype", "float16"])
+    assert scoring.compute_dtype(fp16, torch.device("cuda")) == torch.float16    # the T4's fast path

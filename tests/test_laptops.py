@@ -104,6 +104,18 @@ def test_a_device_that_is_not_there_is_refused_with_advice(monkeypatch):
         models.pick_device(train.parse_config(["--device", "mps"]))
 
 
+def test_fp16_on_the_cpu_runs_and_says_it_is_for_gpus(monkeypatch, capsys):
+    """A CPU without fp16 instructions computes fp16 several times slower than float32
+    (docs/performance.md): --dtype float16 still runs there (the tests use it), with a note, once."""
+    available(monkeypatch, cuda=False, mps=False)
+    models.note_fp16_on_the_cpu.cache_clear()
+    for _ in range(2):
+        assert models.pick_device(train.parse_config(["--dtype", "float16"])) == torch.device("cpu")
+    assert capsys.readouterr().err.count("--dtype float16 is for GPUs") == 1
+    models.pick_device(train.parse_config(["--dtype", "bfloat16"]))
+    assert "float16" not in capsys.readouterr().err
+
+
 def test_bf16_on_mps_needs_macos_14(monkeypatch):
     available(monkeypatch, cuda=False, mps=True, macos14=False)
     # float32 on MPS: fine

@@ -172,6 +172,22 @@ def test_dynamics_table_by_hand(tmp_path):
         "| tepo | 0% → 0% / – | 0.99 → 0.88 / – | – / – | 0.91 / – | 1.67 / – | 0.300 (0.100) / – |"]
 
 
+def test_a_step_fp16_skipped_has_no_gradient_norm(tmp_path):
+    """A step whose fp16 gradients overflowed logs grad_norm Infinity and skipped_updates 1 (the
+    scaler skipped it): the norms of the other 11 steps make the tables and the figures. Without
+    step 4 (1.5), the steps change by 15 over 10 changes against a mean of 16.5 / 11 = 1.5, i.e.
+    1.00; largest 2.5 over median 1.5, 1.67."""
+    run = make_run(tmp_path, "grpo", 0)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records[4].update(grad_norm=float("inf"), skipped_updates=1)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "Infinity" in (run / "metrics.jsonl").read_text()
+    row = plots.dynamics_table([plots.read_run(run)]).splitlines()[2]
+    assert row.endswith("| 1.00 | 1.67 | 0.300 (0.100) |"), row
+    assert "| 1.500 | 2.500 |" in plots.summary_table([plots.read_run(run)])      # grad norm mean, max
+    assert plots.main([str(run), "--out", str(tmp_path / "f")]) == 0
+
+
 def test_over_time_table_by_hand(tmp_path):
     """Runs evaluated at steps 0, 5 and 10 (accuracy 0.2, 0.25 + 0.1 seed, 0.3 + 0.1 seed):
     entropy 1 - 0.01 s (seed + 1) averaged over steps 1-5 and 6-10 is 0.97 and 0.92 for seed

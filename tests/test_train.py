@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoints
 import data
 import losses
 import models
@@ -396,6 +398,95 @@ def test_cw_grpo_weights_are_per_group_of_the_step(tiny, monkeypatch):
         assert torch.allclose(call["weights"], want, atol=1e-6)
         one_group = losses.cw_grpo_weights(call["old"], call["adv"], call["mask"])
         assert not torch.allclose(call["weights"], one_group, atol=1e-3)      # G matters: the check can fail
+
+
+UNPATCHED_LOSSES = dict(LOSSES)
+
+
+def fp16_step(model, tok, cfg, opt, sched, scaler, monkeypatch, loss_times=1.0, batch=None):
+    """One grpo_step of the tiny model (CPU autocast computes in fp16 too), with mixed rewards,
+    the loss multiplied by ``loss_times`` and, if given, ``batch`` instead of a new rollout;
+    returns (metrics, gradient)."""
+    if batch is not None:
+        monkeypatch.setattr(train, "rollout", lambda *a, **k: batch)
+    real = UNPATCHED_LOSSES[cfg.loss]
+
+    @functools.wraps(real)
+    def scaled(*a, **k):
+        loss, info = real(*a, **k)
+        return loss * loss_times, info
+    monkeypatch.setitem(train.LOSSES, cfg.loss, scaled)
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(len(text) % 3 == 0))
+    torch.manual_seed(5)
+    problems = train.load_problems(cfg)[0][:4]
+    metrics, _ = train.grpo_step(model, None, tok, opt, sched, problems, cfg, torch.device("cpu"), scaler)
+    return metrics, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_fp16_gradients_are_unscaled_before_the_clip_and_equal_float32_ones(tiny, monkeypatch):
+    """--dtype float16 scales the loss by 65536 before the backward pass (grad_scaler), and divides
+    the gradients back before they are clipped, logged and stepped: the gradient is float32's,
+    up to fp16's rounding, not 65536 times it."""
+    cfg, model, tok = tiny
+    grads, norms = {}, {}
+    torch.manual_seed(0)
+    batch = train.rollout(model, tok, [p["question"] for p in train.load_problems(cfg)[0][:4]], cfg,
+                          group_size=cfg.group_size)                  # the same samples for both
+    for dtype in ("float32", "float16"):
+        run_cfg = dataclasses.replace(cfg, dtype=dtype, max_grad_norm=1e9, beta=0.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        scaler = models.grad_scaler(run_cfg, torch.device("cpu"))
+        assert scaler.is_enabled() == (dtype == "float16")
+        metrics, grads[dtype] = fp16_step(model, tok, run_cfg, opt, sched, scaler, monkeypatch, batch=batch)
+        assert ("grad_scale" in metrics) == (dtype == "float16")
+        norms[dtype] = metrics["grad_norm"]                             # what the clip saw
+    assert metrics["grad_scale"] == 65536 and metrics["skipped_updates"] == 0
+    a, b = grads["float32"], grads["float16"]
+    assert a.norm() > 0 and (a - b).norm() / a.norm() < 0.01, ((a - b).norm() / a.norm()).item()
+    assert norms["float16"] == pytest.approx(norms["float32"], rel=0.01)
+
+
+def test_fp16_skips_an_update_whose_gradients_overflow_halves_the_scale_and_resumes_it(tiny, tmp_path,
+                                                                                        monkeypatch):
+    """Gradients that overflow fp16 (here: a loss 1e8 times too large) skip the optimizer step
+    and halve the scale, the logs say so, and the next step updates again. The scale is in the
+    checkpoint: a resumed run starts from the halved one."""
+    cfg, model, tok = tiny
+    cfg = dataclasses.replace(cfg, dtype="float16", beta=0.0, lr=1e-3, out=str(tmp_path / "run"))
+    opt, device = train.make_optimizer(model, cfg), torch.device("cpu")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    scaler = models.grad_scaler(cfg, device)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics, _ = fp16_step(model, tok, cfg, opt, sched, scaler, monkeypatch, loss_times=1e8)
+    assert metrics["skipped_updates"] == 1 and metrics["grad_scale"] == 32768
+    assert not torch.isfinite(torch.tensor(metrics["grad_norm"]))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))          # no step taken
+    metrics, _ = fp16_step(model, tok, cfg, opt, sched, scaler, monkeypatch)
+    assert metrics["skipped_updates"] == 0 and metrics["grad_scale"] == 32768
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before))      # this one stepped
+    run = checkpoints.prepare_run_dir(cfg)
+    checkpoints.save_checkpoint(run, model, opt, sched, scaler, 2, cfg)
+    resumed = models.grad_scaler(cfg, device)
+    checkpoints.resume(run, model, opt, sched, resumed, dataclasses.replace(cfg, resume=True))
+    assert resumed.get_scale() == 32768
+
+
+def test_the_fp16_benchmark_compares_with_float32_and_says_ok(warm, capsys):
+    import benchmarks.fp16_vs_float32 as bench
+    assert bench.main(["--model", warm, "--rows", "4", "--tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "float16:" in out and "loss scale 65536" in out and "fp16: ok" in out
+    relative = float(re.search(r"\|g16 - g32\| / \|g32\| = ([\d.]+)", out).group(1))
+    assert 0 < relative < 0.05
+
+
+def test_the_reference_computes_in_the_runs_precision(warm):
+    for dtype, want in [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)]:
+        cfg = train.parse_config(FAST + ["--init", warm, "--beta", "0.04", "--dtype", dtype])
+        policy, _ = train.load_model(cfg, torch.device("cpu"))
+        assert next(models.reference_model(policy, cfg).parameters()).dtype == want
+        assert next(policy.parameters()).dtype == torch.float32          # master weights stay float32
 
 
 def test_lora_reference_is_the_base_with_adapters_disabled(warm, monkeypatch):
