@@ -16,9 +16,9 @@
 #   carry .gpu/part-3             bash benchmarks/gpu_session.sh setup && bash benchmarks/gpu_session.sh check
 #   #   setup: gathers the parts in $GPU_SESSION_DIR; with all three in, joins them, checks the
 #   #   sha256, installs the wheels and converts the model (until then it says what is missing)
-#   #   check: the CUDA tests, sample() against generate(), fp16 against float32, and three 3-step
-#   #   probes of the long comparison's step (eager, --cuda-graphs, and with --dtype bfloat16),
-#   #   into $OUT/check.log
+#   #   check: the CUDA tests, sample() against generate(), fp16 against float32, and four 3-step
+#   #   probes of the long comparison's step (eager, --cuda-graphs, with --dtype bfloat16, and
+#   #   with the whole batch in one micro-batch), into $OUT/check.log
 #   bash benchmarks/gpu_session.sh sweep --seeds 0 1 2 [--steps N] [-- train.py flags]
 #   #   compare.py --preset smol-long in the background (setsid), from a copy of the code, its
 #   #   runs outside the repository, where a later call's copy of the working tree cannot reach
@@ -120,9 +120,11 @@ check() {                     # there, alone on the GPU: the CUDA tests and the 
             -m "slow or not slow" -k "cuda or gpu" || true
         "$PY" benchmarks/sample_vs_generate.py --device cuda --cuda-graphs || true
         "$PY" benchmarks/fp16_vs_float32.py --device cuda || true      # a T4's --dtype float16, checked
-        # the long comparison's step three ways: what one 200-step run of it costs on this GPU
+        # the long comparison's step four ways: what one 200-step run of it costs on this GPU. The
+        # last takes the whole batch (128 rows) in one micro-batch instead of 16: the same gradient
+        # (micro-batching is exact), far fewer kernel launches.
         rm -rf "$W/probe" && mkdir -p "$W/probe"
-        for flags in "" "--cuda-graphs" "--cuda-graphs --dtype bfloat16"; do
+        for flags in "" "--cuda-graphs" "--cuda-graphs --dtype bfloat16" "--cuda-graphs --micro-batch 128"; do
             local run="$W/probe/tepo${flags// /}"
             # shellcheck disable=SC2086
             "$PY" train.py --preset smol-long --loss tepo --steps 3 --eval-n 100 $flags --out "$run" \
