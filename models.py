@@ -305,7 +305,7 @@ def pick_device(cfg):
     if name == "mps" and not mps:
         raise SystemExit("error: --device mps but Apple's GPU (MPS) is not available: it needs a Mac with "
                          "Apple silicon, macOS 12.3 or newer and a torch built with MPS; use --device cpu")
-    if name == "cuda" and cfg.dtype == "bfloat16" and torch.cuda.get_device_capability()[0] < 8:
+    if name == "cuda" and cfg.dtype == "bfloat16" and compute_dtype(cfg, torch.device(name)) is None:
         note_no_native_bf16(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
     if name == "cpu" and cfg.dtype == "float16":
         note_fp16_on_the_cpu()

@@ -273,7 +273,7 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device, sca
                                     cw_weights, cfg, scaler)
         updates.append(stats)
         if k == 0:
-            check_ratio_is_one(logp[:1], row0, batch.mask[:1], tol=1e-3 if cfg.dtype == "float32" else 0.1)
+            check_ratio_is_one(logp[:1], row0, batch.mask[:1], cfg)
             if old_logp is None:       # on policy: the first pass's own log-probs are old_logp
                 old_logp, entropy = logp, ent
     times["update"] = time.perf_counter() - t

@@ -1,8 +1,8 @@
-"""fp16 against float32 on a real model: one GRPO micro-batch scored and backpropagated both ways,
-on the same sampled rows, as train.py computes it (float32; --dtype float16: fp16 autocast and the
-gradient scaler). Prints how far fp16 moves the log-probs and the gradient, whether anything
-overflowed, and the time of each. Exit status 1 when fp16 is not finite or its gradient is more
-than 5% away from float32's.
+"""fp16 against float32 on a real model: train.update on one GRPO micro-batch both ways, on the
+same sampled rows (float32; --dtype float16: fp16 autocast and the gradient scaler), with an
+optimizer that does not move the weights. Prints how far fp16 moves the log-probs and the
+gradient, whether anything overflowed, and the time of each. Exit status 1 when fp16 is not
+finite or its gradient is more than 5% away from float32's.
 
     python benchmarks/fp16_vs_float32.py                     # SmolLM2-135M on this machine's CPU
     python benchmarks/fp16_vs_float32.py --device cuda       # on a GPU: the check a T4 user needs
@@ -22,9 +22,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 import models  # noqa: E402
-import scoring  # noqa: E402
 import train  # noqa: E402
-from losses import LOSSES  # noqa: E402
 
 
 def main(argv=None):
@@ -49,19 +47,19 @@ def main(argv=None):
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     out = {}
     for dtype in ("float32", "float16"):
-        run_cfg = dataclasses.replace(cfg, dtype=dtype)
+        # train.update itself, with an optimizer that does not move the weights and no clip
+        run_cfg = dataclasses.replace(cfg, dtype=dtype, beta=0.0, max_grad_norm=float("inf"))
         scaler = models.grad_scaler(run_cfg, device)
-        policy.zero_grad(set_to_none=True)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         sync()
         t = time.perf_counter()
-        logp, entropy = scoring.score(policy, batch, run_cfg)
-        loss, _ = LOSSES["grpo"](logp, logp.detach(), None, adv, batch.mask, entropy, beta=0.0)
-        scaler.scale(loss).backward()
-        scaler.unscale_(torch.optim.SGD(policy.parameters(), lr=0.0))     # as update() does, before the clip
+        _, (logp, _) = train.update(policy, optimizer, scheduler, batch, adv, None, None, None, None,
+                                    run_cfg, scaler)
         sync()
         seconds = time.perf_counter() - t
         grad = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]).double()
-        out[dtype] = logp.detach().double(), grad
+        out[dtype] = logp.double(), grad
         print(f"{dtype}: {seconds:.1f} s, log-probs finite: {torch.isfinite(logp).all().item()}, "
               f"gradient norm {grad.norm():.4f}, finite: {torch.isfinite(grad).all().item()}"
               + (f", loss scale {scaler.get_scale():.0f}" if scaler.is_enabled() else ""))
