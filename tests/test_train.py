@@ -339,6 +339,16 @@ def test_ratio_is_one_before_the_first_update_and_warns_otherwise(tiny, capsys):
     assert "ratio is not 1" in capsys.readouterr().err
 
 
+def test_the_ratio_check_bound_follows_the_precision_computed_in(capsys):
+    """A drift of 0.01 is bf16's or fp16's rounding, but a bug in float32. The bound comes from
+    scoring.compute_dtype, so a T4 asked for bf16 (computing in float32, tests/test_cuda.py)
+    keeps float32's."""
+    logp, mask = torch.zeros(1, 3), torch.ones(1, 3)
+    for dtype, warns in [("float32", True), ("bfloat16", False), ("float16", False)]:
+        scoring.check_ratio_is_one(logp + 0.01, logp, mask, train.parse_config(["--dtype", dtype]))
+        assert ("ratio is not 1" in capsys.readouterr().err) == warns, dtype
+
+
 CW_OPTIONS = {
     "cw_grpo, theirs": dict(cw_normalise="padded", cw_detach=False),     # weights in each micro-batch
     "cw_grpo, batch scope": dict(cw_scope="batch")}
