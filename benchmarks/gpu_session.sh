@@ -139,17 +139,13 @@ check() {                     # there, alone on the GPU: `check tests`, `check t
         echo "check: the model is not installed yet (setup with all $PARTS parts first)"
         return 1
     fi
+    local select="cuda or gpu"                      # the real model's tests skip until it is in
+    if [ "$what" = timings ]; then select="cuda and smol"; fi     # the ones `check tests` skipped
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-        if [ "$what" != timings ]; then              # the real model's tests skip until it is in
-            "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_speed.py \
-                -m "slow or not slow" -k "cuda or gpu" || true
-        fi
+        "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_speed.py \
+            -m "slow or not slow" -k "$select" || true
         if [ "$what" != tests ]; then
-            if [ "$what" = timings ]; then           # the ones the first call skipped
-                "$PY" -m pytest -q -p no:cacheprovider tests/test_speed.py -m "slow or not slow" \
-                    -k "cuda and smol" || true
-            fi
             "$PY" benchmarks/sample_vs_generate.py --device cuda --cuda-graphs || true
             "$PY" benchmarks/fp16_vs_float32.py --device cuda || true      # a T4's --dtype float16, checked
             # the long comparison's step four ways: what one run of it costs on this GPU. The last
