@@ -42,10 +42,14 @@ def test_a_tiny_run_on_the_gpu(tmp_path, warm, capsys, device, dtype, loss, grap
     fp16 autocast on the CPU, whose sampling layers add their bias in bf16 as F.linear does): the
     loss is finite, the clip acts on the second update, memory is reported, the ratio check stays
     quiet (sampling, scoring and the update compute in the same precision), and fp16 logs its
-    gradient scale."""
+    gradient scale. The clip acts only where a group's rewards differ, and TEPO's only where a
+    whole sequence's mean log-ratio leaves 0.2: with FAST's 4 prompts and lr 1e-4 that happened in
+    1 of 12 tiny TEPO runs on the CPU (and not in a bf16 one on an H200); with 8 prompts and 1e-3,
+    in every one of 24 (GRPO and TEPO, float32 and bf16, seeds 0-5), from the first step."""
     out = tmp_path / "run"
-    assert train.main(FAST + ["--init", warm, "--device", device, "--dtype", dtype, "--loss", loss,
-                              "--steps", "3", "--out", str(out)] + ["--cuda-graphs"] * graphs) == 0
+    args = ["--init", warm, "--device", device, "--dtype", dtype, "--loss", loss, "--steps", "3",
+            "--lr", "1e-3", "--prompts-per-step", "8", "--out", str(out)] + ["--cuda-graphs"] * graphs
+    assert train.main(FAST + args) == 0
     lines = steps(out)
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(line["loss"])) for line in lines)

@@ -230,7 +230,7 @@ def test_sampled_tokens_come_from_the_plain_forward_pass_distribution(which, dev
     for t, probs in enumerate(draws):
         for t_drop, rows in drops:
             if t_drop == t:
-                active = active[rows]
+                active = active[rows.cpu()]         # rows live on the model's device
         for j, r in enumerate(active.tolist()):
             if mask[r, t]:
                 p = probs[j].double()
