@@ -31,7 +31,11 @@
 #   #   runs outside the repository, where a later call's copy of the working tree cannot reach.
 #   #   The runs go one at a time, seed-major, and only a finished run counts (its checkpoint,
 #   #   ~1.6 GB, cannot come back): choose N from the probes' step time so that whole runs end
-#   #   inside what is left of the 15 minutes
+#   #   inside what is left of the 15 minutes. Measured on an H200 (docs/performance.md): with
+#   #   `-- --cuda-graphs --micro-batch 128` a step takes 1.1-2.4 s and a 200-step run 5-6 min.
+#   #   A lease for the sweep alone: calls 1 and 2 `setup` (add `check tests` if the code
+#   #   changed since the CUDA tests last passed), call 3 `setup && sweep --seeds 0 1 2
+#   #   --steps 200 -- --cuda-graphs --micro-batch 128`, then `poll` until the lease ends
 #   bash benchmarks/gpu_session.sh poll 540
 #   #   waits up to 540 s (or until the sweep ends), prints each run's step, phase times and last
 #   #   evaluation, and writes every log so far to $OUT/compare-smol-long.tgz, so that a machine
