@@ -1,5 +1,5 @@
 """The repo reads as a textbook, and stays that way: the README is short and points at files
-that exist, train.py is the algorithm (no speed device defined in it), the specification
+and headings that exist, train.py is the algorithm (no speed device defined in it), the specification
 ships inside the repo, and no line is longer than pyproject.toml's limit."""
 import ast
 import re
@@ -23,6 +23,41 @@ def relative_links(path):
 def test_every_relative_link_resolves(doc):
     missing = [t for t in relative_links(doc) if t and not (doc.parent / t).exists()]
     assert not missing, f"{doc.name} links to files that do not exist: {missing}"
+
+
+def headings(path):
+    """The anchors GitHub makes of a Markdown file's headings: lower case, punctuation dropped,
+    spaces to hyphens, a repeated heading numbered -1, -2, ...; none from inside code blocks."""
+    anchors, seen, fenced = set(), {}, False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        fenced ^= line.startswith("```")
+        heading = None if fenced else re.match(r"#{1,6} (.*)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1)).strip().lower()
+            anchor = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+            anchors.add(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+            seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
+
+
+def test_headings_make_githubs_anchors():
+    page = REPO / "docs" / "performance.md"
+    assert "cuda-graphs-sample_in_place-and-cuda_graph" in headings(page)
+    assert "a-step-on-a-24-gb-gpu-arithmetic" in headings(page)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_link_to_a_heading_finds_it(doc):
+    """A renamed heading breaks the links to it silently: `file.md#anchor` and `#anchor` must
+    name a heading there."""
+    broken = []
+    for target in LINK.findall(doc.read_text(encoding="utf-8")):
+        path, _, anchor = target.partition("#")
+        page = (doc.parent / path) if path else doc
+        if anchor and not re.match(r"[a-z]+:", target) and page.suffix == ".md" and page.exists() \
+                and anchor not in headings(page):
+            broken.append(target)
+    assert not broken, f"{doc.name} links to headings that do not exist: {broken}"
 
 
 def test_the_readme_teaches_and_keeps_no_history():
