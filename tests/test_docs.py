@@ -14,14 +14,16 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def relative_links(path):
+    """Each link that is not a URL, as (file, anchor): `file`, `file#anchor` or `#anchor`."""
     for target in LINK.findall(path.read_text(encoding="utf-8")):
-        if not re.match(r"[a-z]+:", target) and not target.startswith("#"):
-            yield target.split("#")[0]
+        if not re.match(r"[a-z]+:", target):
+            file, _, anchor = target.partition("#")
+            yield file, anchor
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_relative_link_resolves(doc):
-    missing = [t for t in relative_links(doc) if t and not (doc.parent / t).exists()]
+    missing = [f for f, _ in relative_links(doc) if f and not (doc.parent / f).exists()]
     assert not missing, f"{doc.name} links to files that do not exist: {missing}"
 
 
@@ -51,12 +53,10 @@ def test_every_link_to_a_heading_finds_it(doc):
     """A renamed heading breaks the links to it silently: `file.md#anchor` and `#anchor` must
     name a heading there."""
     broken = []
-    for target in LINK.findall(doc.read_text(encoding="utf-8")):
-        path, _, anchor = target.partition("#")
-        page = (doc.parent / path) if path else doc
-        if anchor and not re.match(r"[a-z]+:", target) and page.suffix == ".md" and page.exists() \
-                and anchor not in headings(page):
-            broken.append(target)
+    for file, anchor in relative_links(doc):
+        page = (doc.parent / file) if file else doc
+        if anchor and page.suffix == ".md" and page.exists() and anchor not in headings(page):
+            broken.append(f"{file}#{anchor}")
     assert not broken, f"{doc.name} links to headings that do not exist: {broken}"
 
 
