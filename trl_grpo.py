@@ -363,6 +363,7 @@ def main(argv=None):
     trainer.save_model(a.output_dir)
     if trainer.accelerator.is_main_process:
         print(f"done: {a.output_dir} (model, metrics.jsonl)")
+    trainer.end()     # under accelerate launch: leave the process group before exit, as transformers asks
 
 
 if __name__ == "__main__":

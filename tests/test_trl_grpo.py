@@ -309,6 +309,8 @@ def worker(model_dir, out):
     assert trainer.accelerator.num_processes == 2
     trainer.train()
     torch.save(dict(batch=batches[0], calls=calls), Path(out) / f"rank{trainer.accelerator.process_index}.pt")
+    trainer.end()                       # as trl_grpo.main does: the process group is left before exit
+    assert not torch.distributed.is_initialized()
 
 
 def left_pad(tensors):
