@@ -2,6 +2,7 @@
 and headings that exist, train.py is the algorithm (no speed device defined in it), the specification
 ships inside the repo, and no line is longer than pyproject.toml's limit."""
 import ast
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -27,6 +28,7 @@ def test_every_relative_link_resolves(doc):
     assert not missing, f"{doc.name} links to files that do not exist: {missing}"
 
 
+@functools.cache              # each page once, not once for every link to it
 def headings(path):
     """The anchors GitHub makes of a Markdown file's headings: lower case, punctuation dropped,
     spaces to hyphens, a repeated heading numbered -1, -2, ...; none from inside code blocks."""
