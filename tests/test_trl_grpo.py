@@ -4,6 +4,7 @@ CPU, offline: a tiny randomly initialised Qwen2 saved to a temporary directory. 
 TRL (an optional dependency) is not installed. This file is also the worker script of the
 two-process test: `accelerate launch ... tests/test_trl_grpo.py worker ...`.
 """
+import faulthandler
 import functools
 import os
 import socket
@@ -290,6 +291,9 @@ def test_cw_weights_are_per_group_of_the_generation_batch(model_dir, tmp_path, m
 def worker(model_dir, out):
     """Run under `accelerate launch --multi_gpu --num_processes 2` (CPU, gloo): one CW-GRPO step, then
     save what each rank generated and which weights its loss calls used."""
+    # A rank that hangs prints every thread's stack and exits before the test's 300-s timeout, so the
+    # failure says where it waits (both ranks once hung after their save, in 1 of many CI runs).
+    faulthandler.dump_traceback_later(240, exit=True)
     torch.set_num_threads(1)
     patcher = pytest.MonkeyPatch()
     calls = spy_on(patcher, "cw_grpo")
