@@ -318,7 +318,8 @@ def worker(model_dir, out):
     # Leave without freeing the trainer. Freeing its DDP model frees torch's gloo process group, whose
     # destructor joins its worker thread while holding the GIL; a worker thread still freeing a finished
     # all-gather's tensors waits for the GIL: a deadlock, rare (stacks in docs/LOG.md). All is saved above.
-    sys.stdout.flush(), sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 
