@@ -51,3 +51,12 @@ def test_without_python3_venv_one_line_says_what_to_install(tmp_path):
     assert result.returncode != 0
     assert "sudo apt install python3-venv" in result.stdout
     assert not (tmp_path / ".venv").exists()                  # no half-made environment left behind
+
+
+def test_torch_override_reaches_pip_as_written(tmp_path):
+    # docs/guide.md#the-cpu-build: the CPU build on Linux, chosen on the first `make`.
+    torch = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    out = make(tmp_path, "-n", "demo", f"TORCH={torch}").stdout
+    install = next(line for line in out.splitlines() if '-c "import torch"' in line)
+    assert install.endswith(f"|| .venv/bin/python -m pip install --quiet --disable-pip-version-check {torch}")
+    assert f'make demo TORCH="{torch}"' in (ROOT / "docs" / "guide.md").read_text()
