@@ -191,6 +191,7 @@ source, target = Path(sys.argv[1]), Path(sys.argv[2])
 steps = compare.parse_args(["--preset", "smol-long", *sys.argv[3:]]).steps_each   # as the sweep counts them
 for run in sorted(source.glob("*-s*/")):
     if (target / run.name).exists():
+        print(f"{run.name}: already in {target}, left as it is")
         continue
     if compare.finished(run, steps):
         shutil.copytree(run, target / run.name, ignore=shutil.ignore_patterns("ckpt", "final", "*.tmp*"))

@@ -110,6 +110,7 @@ def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_pa
     assert not [n for n in names if "/ckpt" in n or "/final" in n], names           # text only
     code = work / "code"                       # the sweep's copy of the code, as a checkout here
     assert (code / "train.py").exists() and not (code / ".gpu").exists()
+    shutil.rmtree(code / "logs" / "compare-smol-long", ignore_errors=True)   # the runs the repo ships
 
     def collect(steps):                        # here, from the last poll's tarball
         return session(code / "benchmarks" / "gpu_session.sh", work, "collect",
@@ -117,5 +118,6 @@ def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_pa
     assert "grpo-s0: not finished at 3 steps, left out" in collect("3")
     assert not (code / "logs" / "compare-smol-long" / "grpo-s0").exists()
     assert "grpo-s0: finished (2 steps), copied to logs/compare-smol-long" in collect("2")
+    assert "grpo-s0: already in logs/compare-smol-long, left as it is" in collect("2")
     assert sorted(p.name for p in (code / "logs" / "compare-smol-long" / "grpo-s0").iterdir()) == \
         ["config.json", "metrics.jsonl", "samples.jsonl"]
