@@ -32,7 +32,8 @@
 #   #   The runs go one at a time, seed-major, and only a finished run counts (its checkpoint,
 #   #   ~1.6 GB, cannot come back): choose N from the probes' step time so that whole runs end
 #   #   inside what is left of the 15 minutes. Measured on an H200 (docs/performance.md): with
-#   #   `-- --cuda-graphs --micro-batch 128` a step takes 1.1-2.4 s and a 200-step run 5-6 min.
+#   #   `-- --cuda-graphs --micro-batch 128` a step takes ~2.5 s and a 200-step run ~9 min, so
+#   #   a lease finishes one. Not --jobs 3: three at once each took 6.7 s a step (the GPU full).
 #   #   A lease for the sweep alone: calls 1 and 2 `setup` (add `check tests` if the code
 #   #   changed since the CUDA tests last passed), call 3 `setup && sweep --seeds 0 1 2
 #   #   --steps 200 -- --cuda-graphs --micro-batch 128`, then `poll` until the lease ends
@@ -42,7 +43,7 @@
 #   #   that goes back loses no finished run. Repeat until it says "sweep: finished, exit 0".
 #
 #   # here, from the last poll's files: the finished runs' text logs into logs/compare-smol-long/
-#   bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]
+#   PYTHON=.venv/bin/python bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]
 #
 # A sweep that does not finish in one session goes on in the next: `sweep` starts from the
 # finished runs shipped in logs/compare-smol-long (same flags, same --steps) and runs the others.
