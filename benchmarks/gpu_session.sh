@@ -43,7 +43,7 @@
 #   #   that goes back loses no finished run. Repeat until it says "sweep: finished, exit 0".
 #
 #   # here, from the last poll's files: the finished runs' text logs into logs/compare-smol-long/
-#   PYTHON=.venv/bin/python bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]
+#   bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]   # with .venv's Python
 #
 # A sweep that does not finish in one session goes on in the next: `sweep` starts from the
 # finished runs shipped in logs/compare-smol-long (same flags, same --steps) and runs the others.
@@ -215,6 +215,8 @@ poll() {                      # there: wait, report, and send every log so far b
 }
 
 collect() {                   # here: the finished runs of a poll's tarball into logs/
+    local PY=$PY               # here, torch is in the repo's .venv (make's), not in the system python3
+    if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python; fi
     local tmp; tmp=$(mktemp -d)
     tar -xzf "$1" -C "$tmp"
     mkdir -p "logs/$NAME"

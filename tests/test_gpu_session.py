@@ -121,3 +121,27 @@ def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_pa
     assert "grpo-s0: already in logs/compare-smol-long, left as it is" in collect("2")
     assert sorted(p.name for p in (code / "logs" / "compare-smol-long" / "grpo-s0").iterdir()) == \
         ["config.json", "metrics.jsonl", "samples.jsonl"]
+
+
+def test_collect_here_takes_the_repos_venv_python(tmp_path):
+    # Back here the system python3 has no torch (compare.py imports it); make's .venv has.
+    code = tmp_path / "code"
+    shutil.copytree(REPO, code, ignore=shutil.ignore_patterns(".git", ".venv", ".gpu", "runs", "logs",
+                                                                "__pycache__"))
+    marker = tmp_path / "venv-python-ran"
+    python = code / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\ntouch "{marker}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    run = tmp_path / "polled" / "compare-smol-long" / "grpo-s0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 200, "eval_accuracy": 0.56}\n')
+    with tarfile.open(tmp_path / "logs.tgz", "w:gz") as tgz:
+        tgz.add(run.parent, arcname="compare-smol-long")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    collected = subprocess.run(["bash", str(code / "benchmarks" / "gpu_session.sh"), "collect",
+                                str(tmp_path / "logs.tgz"), "--steps", "200"],
+                               env=env, capture_output=True, text=True, timeout=300)
+    assert collected.returncode == 0, collected.stderr
+    assert "grpo-s0: finished (200 steps), copied to logs/compare-smol-long" in collected.stdout
+    assert marker.exists()
