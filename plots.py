@@ -348,7 +348,8 @@ def over_time_table(runs, window=5):
         rows["entropy"].append(f"| {loss} | " + " | ".join(entropy) + " |")
     header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
     return ("Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"])
-            + f"\n\nEntropy around each evaluation (the mean of the {window} steps up to it):\n\n"
+            + f"\n\nEntropy around each evaluation (the mean of the {window} steps up to it;"
+            + " at step 0, the first step's):\n\n"
             + header + "\n".join(rows["entropy"]) + "\n")
 
 

@@ -207,7 +207,8 @@ def test_over_time_table_by_hand(tmp_path):
         "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
         "| grpo | 0.200 (0.200–0.200) | 0.300 (0.250–0.350) | 0.350 (0.300–0.400) |",
         "| tepo | 0.200 | 0.250 | – |", "",
-        "Entropy around each evaluation (the mean of the 5 steps up to it):", "",
+        "Entropy around each evaluation (the mean of the 5 steps up to it; at step 0, the first step's):",
+        "",
         "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
         "| grpo | 0.985 (0.980–0.990) | 0.955 (0.940–0.970) | 0.880 (0.840–0.920) |",
         "| tepo | 0.990 | 0.970 | – |"]
