@@ -176,10 +176,13 @@ sweep() {                     # there: compare.py --preset smol-long in the back
     rm -rf "$W/code" && mkdir -p "$W/code"
     tar -c --exclude=./.gpu --exclude=./.venv --exclude=./runs --exclude=./.git . | tar -x -C "$W/code"
     copy_finished "logs/$NAME" "$W/$NAME" "$@"     # runs an earlier session finished are not run again
-    rm -f "$W/sweep.exit"
-    (cd "$W/code" && setsid nohup bash -c '"${@:2}"; echo $? > "$1"' _ "$W/sweep.exit" \
-        "$PY" compare.py --preset smol-long --out "$W/$NAME" "$@" > "$W/sweep.log" 2>&1 < /dev/null &
-     echo $! > "$W/sweep.pid")
+    rm -f "$W/sweep.exit" "$W/sweep.pid"
+    # The wrapper writes its own pid: setsid forks when its caller leads a process group (as under
+    # a lent machine's harness), so $! can be a parent that has already gone.
+    (cd "$W/code" && setsid nohup bash -c 'echo $$ > "$2"; "${@:3}"; echo $? > "$1"' _ \
+        "$W/sweep.exit" "$W/sweep.pid" "$PY" compare.py --preset smol-long --out "$W/$NAME" "$@" \
+        > "$W/sweep.log" 2>&1 < /dev/null &)
+    for _ in $(seq 100); do [ -s "$W/sweep.pid" ] && break; sleep 0.1; done
     echo "sweep: started (pid $(cat "$W/sweep.pid")): compare.py --preset smol-long --out $W/$NAME $*"
 }
 
@@ -202,16 +205,23 @@ for run in sorted(source.glob("*-s*/")):
 PYTHON
 }
 
-running() { [ -e "$W/sweep.pid" ] && kill -0 "$(cat "$W/sweep.pid")" 2>/dev/null; }
+running() {                   # no exit status yet, and the wrapper that will write it is alive
+    [ ! -e "$W/sweep.exit" ] && [ -s "$W/sweep.pid" ] && kill -0 "$(cat "$W/sweep.pid")" 2>/dev/null
+}
+
+ended() {                     # how a sweep that is not running ended
+    if [ -e "$W/sweep.exit" ]; then echo "finished, exit $(cat "$W/sweep.exit")"
+    else echo "stopped without an exit status (killed, or the machine went back)"; fi
+}
 
 poll() {                      # there: wait, report, and send every log so far back in $OUT
     local until=$((SECONDS + ${1:-540}))
     while [ "$SECONDS" -lt "$until" ] && running; do sleep 5; done
     mkdir -p "$OUT" "$W/$NAME"
     report "$W/$NAME"
-    tr '\r' '\n' < "$W/sweep.log" | grep -v '^\s*$' | tail -n 3      # progress bars redraw with \r
+    tr '\r' '\n' < "$W/sweep.log" | { grep -v '^\s*$' || true; } | tail -n 3  # bars redraw with \r
     (cd "$W" && tar -czf "$OUT/$NAME.tgz" --exclude=ckpt --exclude=final --exclude='*.tmp*' "$NAME")
-    echo "sweep: $(running && echo running || echo "finished, exit $(cat "$W/sweep.exit")"); logs: $OUT/$NAME.tgz"
+    echo "sweep: $(running && echo running || ended); logs: $OUT/$NAME.tgz"
 }
 
 collect() {                   # here: the finished runs of a poll's tarball into logs/

