@@ -211,7 +211,7 @@ running() {                   # no exit status yet, and the wrapper that will wr
 
 ended() {                     # how a sweep that is not running ended
     if [ -e "$W/sweep.exit" ]; then echo "finished, exit $(cat "$W/sweep.exit")"
-    else echo "stopped without an exit status (killed, or the machine went back)"; fi
+    else echo "stopped without an exit status (it was killed)"; fi
 }
 
 poll() {                      # there: wait, report, and send every log so far back in $OUT
