@@ -231,7 +231,7 @@ poll() {                      # there: wait, report, and send every log so far b
         return 1
     fi
     local until=$((SECONDS + ${1:-540})) ok; ok=$(runs_ok)
-    while [ "$SECONDS" -lt "$until" ] && running && [ "$(runs_ok)" -eq "$ok" ]; do sleep 5; done
+    while [ "$SECONDS" -lt "$until" ] && running && [ "$(runs_ok)" -eq "$ok" ]; do sleep 2; done
     mkdir -p "$OUT" "$W/$NAME"
     report "$W/$NAME"
     tr '\r' '\n' < "$W/sweep.log" | { grep -v '^\s*$' || true; } | tail -n 3  # bars redraw with \r
