@@ -154,6 +154,8 @@ def test_a_sweep_runs_in_the_background_and_each_poll_sends_its_logs_back(tmp_pa
     polled = session(SCRIPT, work, "poll", "600")
     assert polled.returncode == 0, polled.stderr
     assert "sweep: finished, exit 0" in polled.stdout, polled.stdout
+    # poll's early return counts compare.py's own line for a finished run: the real one must match
+    assert re.search(r"grpo +seed 0: ok  \[", (work / "sweep.log").read_text())
     assert re.search(r"grpo-s0 +step +2: .* held-out \d\.\d{3} at step 2", polled.stdout), polled.stdout
     with tarfile.open(work / "out" / "compare-smol-long.tgz") as logs:
         names = logs.getnames()
