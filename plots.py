@@ -7,6 +7,7 @@ one), token_weights.png (which tokens each loss trusts, on one stored group) and
 --table, results.md: a table per loss over seeds, every run's final held-out accuracy, and
 every run's dynamics (first and last step, KL, the gradient norm's smoothness) and, for runs
 evaluated along the way, held-out accuracy and entropy at every evaluation.
+The gradient-norm panel goes to a log axis when one step is over 10x the median (a spike).
 The README's figures and table come from the shipped logs: `make figures`.
 """
 import argparse
@@ -90,8 +91,15 @@ def by_loss(runs):
 # ----------------------------------------------------------------------------------------
 # Trajectories
 
+def spiky(values, ratio=10):
+    """True when the largest value is over `ratio` times the median: on a linear axis that one
+    spike would flatten every other step against zero."""
+    return bool(values) and min(values) > 0 and max(values) > ratio * statistics.median(values)
+
+
 def draw_metric(ax, runs, key, smooth):
     title, ylabel = PANELS[key]
+    raw = []
     for loss, group in by_loss(runs):
         color = COLORS.get(loss, "gray")
         series = []
@@ -101,6 +109,7 @@ def draw_metric(ax, runs, key, smooth):
             values = [x[key] for x in rows if key in x]
             if not values:
                 continue
+            raw += values
             if key == "eval_accuracy":
                 ax.plot(steps, values, color=color, alpha=0.35, marker="o", markersize=3, linewidth=1)
             else:
@@ -113,6 +122,9 @@ def draw_metric(ax, runs, key, smooth):
         mean = [sum(s[1][i] for s in series) / len(series) for i in range(n)]
         label = f"{loss} ({len(series)} seed{'s' if len(series) > 1 else ''})"
         ax.plot(series[0][0][:n], mean, color=color, linewidth=2.2, label=label)
+    if key == "grad_norm" and spiky(raw):     # e.g. one step at 30 among steps near 0.6
+        ax.set_yscale("log")                     # a ratio reads the same at every height
+        ylabel += " (log scale)"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)

@@ -229,6 +229,24 @@ def test_table_of_one_seed_and_of_old_logs(tmp_path):
     assert row.startswith("| tepo | 1 | 0.600 | – | ")       # one seed: the value alone; no strict: a dash
 
 
+def test_a_gradient_norm_spike_puts_its_panel_on_a_log_axis(tmp_path):
+    """One step at 30 among steps near 0.6 would flatten the rest against zero on a linear axis
+    (TR-GRPO's long run has one): the panel goes to a log axis, and its label says so. Without
+    a spike (the short runs) it stays linear."""
+    assert plots.spiky([0.6, 0.5, 0.7, 30.0]) and not plots.spiky([0.6, 0.5, 0.7, 4.0])
+    assert not plots.spiky([]) and not plots.spiky([0.0, 0.0, 1.0])    # a log axis cannot show 0
+    calm = make_run(tmp_path, "grpo", 0)
+    run = make_run(tmp_path, "tr_grpo", 0)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[3] = lines[3].replace('"grad_norm": 0.5', '"grad_norm": 30.0')     # step 3: 0.5 -> 30
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    for runs, scale in [([calm], "linear"), ([calm, run], "log")]:
+        fig, ax = plt.subplots()
+        plots.draw_metric(ax, [plots.read_run(r) for r in runs], "grad_norm", 0.8)
+        assert ax.get_yscale() == scale and ("log scale" in ax.get_ylabel()) == (scale == "log")
+        plt.close(fig)
+
+
 def test_token_figure_uses_the_last_group_with_mixed_rewards():
     same, mixed = {"step": 1, "rewards": [1.0, 1.0]}, {"step": 2, "rewards": [0.0, 1.1]}
     assert plots.pick_group([mixed, dict(same, step=3)])["step"] == 2
