@@ -6,7 +6,8 @@ writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png, summary.png (t
 one), token_weights.png (which tokens each loss trusts, on one stored group) and, with
 --table, results.md: a table per loss over seeds, every run's final held-out accuracy, and
 every run's dynamics (first and last step, KL, the gradient norm's smoothness) and, for runs
-evaluated along the way, held-out accuracy and entropy at every evaluation.
+evaluated along the way, held-out accuracy at every evaluation and the entropy, the share cut
+off and the completion length around it.
 The gradient-norm panel goes to a log axis when one step is over 10x the median (a spike).
 The README's figures and table come from the shipped logs: `make figures`.
 """
@@ -341,28 +342,41 @@ def dynamics_table(runs):
     return "\n".join(rows) + "\n"
 
 
+AROUND = [("entropy", "Entropy", 3),     # (metric, name, digits): averaged around each evaluation
+          ("truncated_frac", "Share of completions cut off at the token budget", 3),
+          ("completion_len", "Completion length in tokens", 1)]
+
+
 def over_time_table(runs, window=5):
     """For runs evaluated along the way (--eval-every): held-out accuracy at every evaluation, and
-    the entropy around it (the mean of the `window` training steps up to it; at step 0, the first
-    step's), per loss: mean (min–max) over the seeds that got there. A column per evaluation."""
+    the entropy, the share cut off and the completion length around it (the mean of the `window`
+    training steps up to it; at step 0, the first step's), per loss: mean (min–max) over the
+    seeds that got there. A column per evaluation; a metric no run logged gets no table."""
     steps = sorted({e["step"] for r in runs for e in r["eval"]})
-    rows = {"acc": [], "entropy": []}
-    for loss, group in by_loss(runs):
-        acc, entropy = [], []
-        evals = [{e["step"]: e for e in r["eval"]} for r in group]
-        for step in steps:
-            at = [by_step.get(step) for by_step in evals]
-            acc.append(spread([e["eval_accuracy"] for e in at if e]))
-            around = [[x["entropy"] for x in r["train"] if step - window < x["step"] <= max(step, 1)]
-                      for r, e in zip(group, at) if e and r["train"] and "entropy" in r["train"][0]]
-            entropy.append(spread([sum(v) / len(v) for v in around if v]))
-        rows["acc"].append(f"| {loss} | " + " | ".join(acc) + " |")
-        rows["entropy"].append(f"| {loss} | " + " | ".join(entropy) + " |")
     header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
-    return ("Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"])
-            + f"\n\nEntropy around each evaluation (the mean of the {window} steps up to it;"
-            + " at step 0, the first step's):\n\n"
-            + header + "\n".join(rows["entropy"]) + "\n")
+    rows = {"acc": []} | {key: [] for key, _, _ in AROUND}
+    for loss, group in by_loss(runs):
+        evals = [{e["step"]: e for e in r["eval"]} for r in group]
+        at = [[by_step.get(step) for by_step in evals] for step in steps]     # [step][seed]
+        rows["acc"].append([spread([e["eval_accuracy"] for e in seeds if e]) for seeds in at])
+        for key, _, digits in AROUND:
+            cells = []
+            for step, seeds in zip(steps, at):
+                around = [[x[key] for x in r["train"] if step - window < x["step"] <= max(step, 1)
+                           and key in x] for r, e in zip(group, seeds) if e]
+                cells.append(spread([sum(v) / len(v) for v in around if v], digits))
+            rows[key].append(cells)
+
+    def table(key):
+        lines = [f"| {loss} | " + " | ".join(cells) + " |"
+                 for (loss, _), cells in zip(by_loss(runs), rows[key])]
+        return header + "\n".join(lines) + "\n"
+    text = "Held-out accuracy at each evaluation:\n\n" + table("acc")
+    for key, name, _ in AROUND:
+        if any(c != "–" for cells in rows[key] for c in cells):
+            text += (f"\n{name} around each evaluation (the mean of the {window} steps up to it;"
+                     " at step 0, the first step's):\n\n" + table(key))
+    return text
 
 
 def pick_group(records):

@@ -191,8 +191,9 @@ def test_a_step_fp16_skipped_has_no_gradient_norm(tmp_path):
 def test_over_time_table_by_hand(tmp_path):
     """Runs evaluated at steps 0, 5 and 10 (accuracy 0.2, 0.25 + 0.1 seed, 0.3 + 0.1 seed):
     entropy 1 - 0.01 s (seed + 1) averaged over steps 1-5 and 6-10 is 0.97 and 0.92 for seed
-    0, 0.94 and 0.84 for seed 1 (step 0: step 1's, 0.99 and 0.98). A TEPO run stopped after
-    step 5 has dashes where it did not get; results.md gets the table only for such runs."""
+    0, 0.94 and 0.84 for seed 1 (step 0: step 1's, 0.99 and 0.98); the share cut off is 0.1 seed
+    at every step. A TEPO run stopped after step 5 has dashes where it did not get; results.md
+    gets the table only for such runs."""
     def evaluated(root, loss, seed, stop=None):
         run = make_run(root, loss, seed, steps=10)
         lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
@@ -211,7 +212,12 @@ def test_over_time_table_by_hand(tmp_path):
         "",
         "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
         "| grpo | 0.985 (0.980–0.990) | 0.955 (0.940–0.970) | 0.880 (0.840–0.920) |",
-        "| tepo | 0.990 | 0.970 | – |"]
+        "| tepo | 0.990 | 0.970 | – |", "",
+        "Share of completions cut off at the token budget around each evaluation (the mean of the 5"
+        " steps up to it; at step 0, the first step's):", "",
+        "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
+        "| grpo | 0.050 (0.000–0.100) | 0.050 (0.000–0.100) | 0.050 (0.000–0.100) |",
+        "| tepo | 0.000 | 0.000 | – |"]                  # no completion_len logged: no table of it
     assert plots.main([str(r["dir"]) for r in runs] + ["--out", str(tmp_path / "f"), "--table"]) == 0
     assert "Held-out accuracy at each evaluation" in (tmp_path / "f" / "results.md").read_text()
     plain = [plots.read_run(make_run(tmp_path / "f", "grpo", 0))]          # evaluated at start and end
