@@ -92,10 +92,16 @@ def by_loss(runs):
 # ----------------------------------------------------------------------------------------
 # Trajectories
 
+def largest_over_median(values):
+    """How far the largest value stands out: 1 for a flat series, 50 for one spike of 30 among
+    steps near 0.6. The figure's log axis and the dynamics table's spike column both use it."""
+    return max(values) / statistics.median(values)
+
+
 def spiky(values, ratio=10):
     """True when the largest value is over `ratio` times the median: on a linear axis that one
     spike would flatten every other step against zero."""
-    return bool(values) and min(values) > 0 and max(values) > ratio * statistics.median(values)
+    return bool(values) and min(values) > 0 and largest_over_median(values) > ratio
 
 
 def draw_metric(ax, runs, key, smooth):
@@ -322,7 +328,7 @@ def dynamics_table(runs):
         ("entropy, first → last", "entropy", first_last(".2f")),
         ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
         ("grad norm, step-to-step change / mean", "grad_norm", change),
-        ("grad norm, largest / median", "grad_norm", lambda g: f"{max(g) / statistics.median(g):.2f}")]
+        ("grad norm, largest / median", "grad_norm", lambda g: f"{largest_over_median(g):.2f}")]
 
     def logged(r, key):      # at two steps or more; the KL only where there is a reference model
         beta = r["config"].get("beta", 1)
@@ -353,29 +359,25 @@ def over_time_table(runs, window=5):
     training steps up to it; at step 0, the first step's), per loss: mean (min–max) over the
     seeds that got there. A column per evaluation; a metric no run logged gets no table."""
     steps = sorted({e["step"] for r in runs for e in r["eval"]})
-    header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
-    rows = {"acc": []} | {key: [] for key, _, _ in AROUND}
+    logged = [m for m in AROUND if any(m[0] in x for r in runs for x in r["train"])]
+    rows = {"acc": []} | {key: [] for key, _, _ in logged}
     for loss, group in by_loss(runs):
         evals = [{e["step"]: e for e in r["eval"]} for r in group]
         at = [[by_step.get(step) for by_step in evals] for step in steps]     # [step][seed]
-        rows["acc"].append([spread([e["eval_accuracy"] for e in seeds if e]) for seeds in at])
-        for key, _, digits in AROUND:
+        acc = [spread([e["eval_accuracy"] for e in seeds if e]) for seeds in at]
+        rows["acc"].append(f"| {loss} | " + " | ".join(acc) + " |")
+        for key, _, digits in logged:
             cells = []
             for step, seeds in zip(steps, at):
                 around = [[x[key] for x in r["train"] if step - window < x["step"] <= max(step, 1)
                            and key in x] for r, e in zip(group, seeds) if e]
                 cells.append(spread([sum(v) / len(v) for v in around if v], digits))
-            rows[key].append(cells)
-
-    def table(key):
-        lines = [f"| {loss} | " + " | ".join(cells) + " |"
-                 for (loss, _), cells in zip(by_loss(runs), rows[key])]
-        return header + "\n".join(lines) + "\n"
-    text = "Held-out accuracy at each evaluation:\n\n" + table("acc")
-    for key, name, _ in AROUND:
-        if any(c != "–" for cells in rows[key] for c in cells):
-            text += (f"\n{name} around each evaluation (the mean of the {window} steps up to it;"
-                     " at step 0, the first step's):\n\n" + table(key))
+            rows[key].append(f"| {loss} | " + " | ".join(cells) + " |")
+    header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
+    text = "Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"]) + "\n"
+    for key, name, _ in logged:
+        text += (f"\n{name} around each evaluation (the mean of the {window} steps up to it;"
+                 " at step 0, the first step's):\n\n" + header + "\n".join(rows[key]) + "\n")
     return text
 
 
