@@ -98,6 +98,13 @@ def largest_over_median(values):
     return max(values) / statistics.median(values)
 
 
+def moved(grad_norms):
+    """The gradient norms of the steps that updated the model. A step where every group's rewards
+    were equal, and no KL pulled, has a gradient of exactly 0: no update, rather than a smooth one,
+    so smoothness is measured without it (a run collapsed onto one answer a prompt has many)."""
+    return [g for g in grad_norms if g > 0]
+
+
 def spiky(values, ratio=10):
     """True when the largest value is over `ratio` times the median: on a linear axis that one
     spike would flatten every other step against zero."""
@@ -129,9 +136,9 @@ def draw_metric(ax, runs, key, smooth):
         mean = [sum(s[1][i] for s in series) / len(series) for i in range(n)]
         label = f"{loss} ({len(series)} seed{'s' if len(series) > 1 else ''})"
         ax.plot(series[0][0][:n], mean, color=color, linewidth=2.2, label=label)
-    if key == "grad_norm" and spiky(raw):     # e.g. one step at 30 among steps near 0.6
+    if key == "grad_norm" and spiky(moved(raw)):     # e.g. one step at 30 among steps near 0.6
         ax.set_yscale("log")                     # a ratio reads the same at every height
-        ylabel += " (log scale)"
+        ylabel += " (log scale" + ("; steps with no gradient not drawn)" if 0 in raw else ")")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
@@ -313,7 +320,8 @@ def dynamics_table(runs):
     entropy at the first and the last step; the KL to the reference (median of the last 5 steps:
     one step can spike); the gradient norm's smoothness, which its mean hides (TR-GRPO's weights
     of 1-1.4 scale the norm up): its mean step-to-step change over its mean, and its largest
-    value over its median (a spike); the final held-out accuracy, strict in brackets. A row per
+    value over its median (a spike), both over the steps that updated the model (`moved`); the
+    final held-out accuracy, strict in brackets. A row per
     loss, its seeds separated by " / "."""
     seeds = sorted({r["seed"] for r in runs}, key=str)
 
@@ -321,14 +329,19 @@ def dynamics_table(runs):
         return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
 
     def change(g):
-        return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}"
+        g = moved(g)
+        return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}" \
+            if len(g) > 1 else "–"
+
+    def spike(g):
+        return f"{largest_over_median(moved(g)):.2f}" if len(moved(g)) > 1 else "–"
     columns = [   # (header, metric, its values over the steps -> the cell)
         ("completion length, first → last step", "completion_len", first_last(".0f")),
         ("cut off, first → last", "truncated_frac", first_last(".0%")),
         ("entropy, first → last", "entropy", first_last(".2f")),
         ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
         ("grad norm, step-to-step change / mean", "grad_norm", change),
-        ("grad norm, largest / median", "grad_norm", lambda g: f"{largest_over_median(g):.2f}")]
+        ("grad norm, largest / median", "grad_norm", spike)]
 
     def logged(r, key):      # at two steps or more; the KL only where there is a reference model
         beta = r["config"].get("beta", 1)
@@ -350,14 +363,16 @@ def dynamics_table(runs):
 
 AROUND = [("entropy", "Entropy", 3),     # (metric, name, digits): averaged around each evaluation
           ("truncated_frac", "Share of completions cut off at the token budget", 3),
-          ("completion_len", "Completion length in tokens", 1)]
+          ("completion_len", "Completion length in tokens", 1),
+          ("frac_zero_std", "Share of groups whose rewards were all equal: no advantage, no signal", 2)]
 
 
 def over_time_table(runs, window=5):
     """For runs evaluated along the way (--eval-every): held-out accuracy at every evaluation, and
-    the entropy, the share cut off and the completion length around it (the mean of the `window`
-    training steps up to it; at step 0, the first step's), per loss: mean (min–max) over the
-    seeds that got there. A column per evaluation; a metric no run logged gets no table."""
+    the entropy, the share cut off, the completion length and the share of groups with no signal
+    around it (the mean of the `window` training steps up to it; at step 0, the first step's),
+    per loss: mean (min–max) over the seeds that got there. A column per evaluation; a metric
+    no run logged gets no table."""
     steps = sorted({e["step"] for r in runs for e in r["eval"]})
     logged = [m for m in AROUND if any(m[0] in x for r in runs for x in r["train"])]
     rows = {"acc": []} | {key: [] for key, _, _ in logged}
@@ -412,7 +427,7 @@ def main(argv=None):
                  + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
                  + per_seed_table(runs)
                  + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"
-                 + "\nand its largest value over its median):\n\n"
+                 + "\nand its largest value over its median, over the steps with a gradient):\n\n"
                  + dynamics_table(runs))
         if any(len(r["eval"]) > 2 for r in runs):                 # evaluated along the way
             table += "\n" + over_time_table(runs)

@@ -188,6 +188,35 @@ def test_a_step_fp16_skipped_has_no_gradient_norm(tmp_path):
     assert plots.main([str(run), "--out", str(tmp_path / "f")]) == 0
 
 
+def test_steps_with_no_gradient_are_left_out_of_the_smoothness(tmp_path):
+    """A run collapsed onto one answer a prompt (TEPO's long seed 0): from step 5 on every group's
+    rewards are equal (frac_zero_std 1), so the advantages and the gradient are exactly 0, and
+    the median gradient norm is 0. The smoothness is that of steps 1-4, which moved the model:
+    1.5, 2.5, 0.5, 1.5 change by 1, 2, 1 (4/3) against a mean of 1.5, i.e. 0.89; largest 2.5
+    over median 1.5, 1.67. A run with one such step has no smoothness: dashes. The table of
+    groups with no signal: step 0 is step 1's 0.5, step 12 the mean of steps 8-12, 1.00."""
+    def collapsed(root, seed, moving):
+        run = make_run(root, "tepo", seed)
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for r in records:
+            if "grad_norm" in r:
+                r["frac_zero_std"] = 0.5 if r["step"] <= moving else 1.0
+                r["grad_norm"] = r["grad_norm"] if r["step"] <= moving else 0.0
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return plots.read_run(run)
+    runs = [collapsed(tmp_path, 0, moving=4), collapsed(tmp_path, 1, moving=1)]
+    row = plots.dynamics_table(runs).splitlines()[2]
+    assert "| 0.89 / – | 1.67 / – |" in row, row
+    assert plots.over_time_table(runs).split("no advantage, no signal")[1].splitlines()[-1] == \
+        "| tepo | 0.50 (0.50–0.50) | 1.00 (1.00–1.00) |"
+    assert plots.main([str(r["dir"]) for r in runs] + ["--out", str(tmp_path / "f"), "--table"]) == 0
+    runs[0]["train"][1]["grad_norm"] = 30.0                             # step 2: 2.5 -> 30, a spike
+    fig, ax = plt.subplots()
+    plots.draw_metric(ax, runs[:1], "grad_norm", 0.8)
+    assert ax.get_yscale() == "log" and "steps with no gradient not drawn" in ax.get_ylabel()
+    plt.close(fig)
+
+
 def test_over_time_table_by_hand(tmp_path):
     """Runs evaluated at steps 0, 5 and 10 (accuracy 0.2, 0.25 + 0.1 seed, 0.3 + 0.1 seed):
     entropy 1 - 0.01 s (seed + 1) averaged over steps 1-5 and 6-10 is 0.97 and 0.92 for seed
