@@ -47,6 +47,11 @@
 #   #   step, phase times and last evaluation, and writes every log so far to
 #   #   $OUT/compare-smol-long.tgz, so that a machine that goes back loses no finished run. On a
 #   #   fresh machine (the sweep's went back) it says so and fails.
+#   bash benchmarks/gpu_session.sh stop
+#   #   stops the sweep and its runs (its process group: no `pkill -f`, whose pattern can match
+#   #   the device call's own command line and kill the call). For when what is left of the
+#   #   lease cannot finish the run under way but can finish others: `stop`, then `sweep` with
+#   #   those (e.g. `--losses tepo --seeds 1 2 --jobs 2`, docs/LOG.md 2026-11-27, evening).
 #   # here, from the last poll's files: the finished runs' text logs into logs/compare-smol-long/
 #   bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]   # with .venv's Python
 #
@@ -224,6 +229,15 @@ runs_ok() {                   # how many runs the sweep has finished (compare.py
     echo "${n:-0}"
 }
 
+stop() {                      # there: stop a running sweep and every run it started
+    if ! running; then echo "stop: no sweep running"; return 0; fi
+    local pid; pid=$(cat "$W/sweep.pid")
+    kill -- "-$pid" 2>/dev/null || true       # setsid made the wrapper its process group's leader
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    echo "stop: sweep (pid $pid) and its runs stopped; finished runs stay, and a next sweep resumes"
+    echo "an unfinished one from its last checkpoint"
+}
+
 poll() {                      # there: wait, report, and send every log so far back in $OUT
     if [ ! -e "$W/sweep.log" ]; then
         echo "poll: no sweep on this machine. It is a fresh one: the machine that ran the sweep went back"
@@ -250,6 +264,6 @@ collect() {                   # here: the finished runs of a poll's tarball into
 }
 
 case "${1:-}" in
-    pack|setup|check|sweep|poll|collect) cmd=$1; shift; "$cmd" "$@" ;;
+    pack|setup|check|sweep|poll|stop|collect) cmd=$1; shift; "$cmd" "$@" ;;
     *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
 esac

@@ -4,15 +4,17 @@ A lent GPU has no network, 15 minutes of device time and goes back when idle, so
 wrong in the plumbing should go wrong here first: the model arrives in parts over several calls
 (setup installs the wheels on the first, keeps each part, says what is missing and refuses a damaged
 join), a sweep runs in the background while every poll sends its logs back (a tiny sweep, and
-its tarball's contents), a poll returns once a run has finished, and one on a fresh machine says that
-the sweep went with the last."""
+its tarball's contents), a poll returns once a run has finished, one on a fresh machine says that
+the sweep went with the last, and `stop` ends a sweep with every run below it."""
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -107,6 +109,48 @@ def test_a_poll_says_when_a_sweep_stopped_without_an_exit_status(tmp_path):
     assert "sweep: stopped without an exit status" in polled.stdout, polled.stdout
     (work / "sweep.exit").write_text("0\n")
     assert "sweep: finished, exit 0" in session(SCRIPT, work, "poll", "0").stdout
+
+
+def test_stop_ends_the_sweep_and_every_run_it_started(tmp_path):
+    """A stand-in sweep as `sweep` starts one: a wrapper leading its own process group (setsid),
+    with a run below it. `stop` ends both, by the group and not by a command-line pattern, and a
+    poll then says the sweep was stopped; with nothing running, `stop` says so."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "sweep.log").write_text("")
+    wrapper = subprocess.Popen(["bash", "-c", 'sleep 300 & echo $! > "$1"; wait', "_", str(work / "run.pid")],
+                               start_new_session=True)
+    (work / "sweep.pid").write_text(f"{wrapper.pid}\n")
+    for _ in range(100):
+        if (work / "run.pid").exists() and (work / "run.pid").read_text().strip():
+            break
+        time.sleep(0.05)
+    run = int((work / "run.pid").read_text())
+
+    def alive(pid):                        # a zombie has ended: only its parent has not reaped it
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    assert alive(run) and alive(wrapper.pid)
+    try:
+        stopped = session(SCRIPT, work, "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stop: sweep (pid" in stopped.stdout, stopped.stdout
+        wrapper.wait(timeout=10)
+        for _ in range(100):
+            if not alive(run):
+                break
+            time.sleep(0.05)
+        assert not alive(run)
+    finally:
+        for pid in (wrapper.pid, run):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert "sweep: stopped without an exit status" in session(SCRIPT, work, "poll", "0").stdout
+    assert "stop: no sweep running" in session(SCRIPT, work, "stop").stdout
 
 
 def test_a_poll_on_a_fresh_machine_says_the_sweep_went_with_the_last_one(tmp_path):
