@@ -138,7 +138,7 @@ def draw_metric(ax, runs, key, smooth):
         ax.plot(series[0][0][:n], mean, color=color, linewidth=2.2, label=label)
     if key == "grad_norm" and spiky(moved(raw)):     # e.g. one step at 30 among steps near 0.6
         ax.set_yscale("log")                     # a ratio reads the same at every height
-        ylabel += " (log scale" + ("; steps with no gradient not drawn)" if 0 in raw else ")")
+        ylabel += " (log scale" + ("; 0 off the axis)" if 0 in raw else ")")    # a 0 is clipped
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
@@ -364,7 +364,7 @@ def dynamics_table(runs):
 AROUND = [("entropy", "Entropy", 3),     # (metric, name, digits): averaged around each evaluation
           ("truncated_frac", "Share of completions cut off at the token budget", 3),
           ("completion_len", "Completion length in tokens", 1),
-          ("frac_zero_std", "Share of groups whose rewards were all equal: no advantage, no signal", 2)]
+          ("frac_zero_std", "Share of groups with no learning signal (every reward in the group equal)", 2)]
 
 
 def over_time_table(runs, window=5):
