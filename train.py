@@ -70,7 +70,7 @@ class Config:
     eval_n: int = 500
     eval_batch: int = 250
     sample_every: int = 10         # append a sampled group to samples.jsonl, print a completion
-    ckpt_every: int = 25
+    ckpt_every: int = 25           # 0 = only at the end (and on Ctrl-C)
     device: str = "auto"           # auto (CUDA, then Apple's MPS, then CPU) | cpu | cuda | mps
     dtype: str = "float32"         # float32 | bfloat16 | float16 (autocast; master weights stay float32)
     grad_checkpointing: bool = False
@@ -163,6 +163,8 @@ def parse_config(argv=None):
         problems.append("--temperature must be > 0 (sampling; evaluation is greedy anyway)")
     if cfg.steps < 0 or cfg.updates_per_batch < 1 or cfg.max_new_tokens < 1:
         problems.append("--steps must be >= 0, --updates-per-batch and --max-new-tokens >= 1")
+    if min(cfg.eval_every, cfg.sample_every, cfg.ckpt_every) < 0:
+        problems.append("--eval-every, --sample-every and --ckpt-every must be >= 0 (0: not along the way)")
     if problems:
         parser.error("; ".join(problems))
     return cfg
@@ -432,7 +434,7 @@ def main(argv=None):
                            f"{sample['prompt']}{sample['completions'][best]}")
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
                 held_out_accuracy(step)
-            if step % cfg.ckpt_every == 0 or step == cfg.steps or stop["requested"]:
+            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop["requested"]:
                 checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg)
             if stop["requested"]:
                 print(f"stopped at step {step}; continue with: python train.py --out {run} --resume "

@@ -179,6 +179,17 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path, warm, m
     assert a == b                                            # bit-for-bit on CPU
 
 
+def test_ckpt_every_0_saves_only_at_the_end(tmp_path, warm, monkeypatch):
+    """As --eval-every 0 evaluates only at the start and the end, --ckpt-every 0 checkpoints only
+    after the last step (a ZeroDivisionError after step 1, once)."""
+    saved = []
+    real = train.checkpoints.save_checkpoint
+    monkeypatch.setattr(train.checkpoints, "save_checkpoint", lambda *a: saved.append(a[5]) or real(*a))
+    assert run(["--out", str(tmp_path / "r"), "--steps", "3", "--ckpt-every", "0"], warm) == 0
+    assert saved == [3]
+    assert torch.load(tmp_path / "r" / "ckpt" / "last.pt", weights_only=True)["step"] == 3
+
+
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path, warm, monkeypatch, capsys):
     args = ["--steps", "5", "--ckpt-every", "100", "--seed", "4"]
     assert run(args + ["--out", str(tmp_path / "a")], warm) == 0
@@ -227,6 +238,7 @@ def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypa
     (["--cw-normalise", "tokens"], "invalid choice"),
     (["--loss", "cw_grpo", "--no-cw-detach", "--micro-batch", "2"], "multiple of 4 (whole groups)"),
     (["--loss", "cw_grpo", "--no-cw-detach", "--cw-scope", "batch", "--micro-batch", "8"], "multiple of 16"),
+    (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
