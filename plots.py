@@ -321,20 +321,21 @@ def dynamics_table(runs):
     one step can spike); the gradient norm's smoothness, which its mean hides (TR-GRPO's weights
     of 1-1.4 scale the norm up): its mean step-to-step change over its mean, and its largest
     value over its median (a spike), both over the steps that updated the model (`moved`); the
-    final held-out accuracy, strict in brackets. A row per
-    loss, its seeds separated by " / "."""
+    final held-out accuracy, strict in brackets. A row per loss, its seeds separated by " / "."""
     seeds = sorted({r["seed"] for r in runs}, key=str)
 
     def first_last(fmt):
         return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
 
     def change(g):
-        g = moved(g)
-        return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}" \
-            if len(g) > 1 else "–"
+        if len(g := moved(g)) < 2:
+            return "–"
+        return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}"
 
     def spike(g):
-        return f"{largest_over_median(moved(g)):.2f}" if len(moved(g)) > 1 else "–"
+        if len(g := moved(g)) < 2:
+            return "–"
+        return f"{largest_over_median(g):.2f}"
     columns = [   # (header, metric, its values over the steps -> the cell)
         ("completion length, first → last step", "completion_len", first_last(".0f")),
         ("cut off, first → last", "truncated_frac", first_last(".0%")),
