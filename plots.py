@@ -328,21 +328,17 @@ def dynamics_table(runs):
         return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
 
     def change(g):
-        if len(g := moved(g)) < 2:
-            return "–"
-        return f"{statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g):.2f}"
+        return statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g)
 
-    def spike(g):
-        if len(g := moved(g)) < 2:
-            return "–"
-        return f"{largest_over_median(g):.2f}"
+    def smoothness(stat):    # over the steps that moved the model; "–" where fewer than two did
+        return lambda g: f"{stat(m):.2f}" if len(m := moved(g)) > 1 else "–"
     columns = [   # (header, metric, its values over the steps -> the cell)
         ("completion length, first → last step", "completion_len", first_last(".0f")),
         ("cut off, first → last", "truncated_frac", first_last(".0%")),
         ("entropy, first → last", "entropy", first_last(".2f")),
         ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
-        ("grad norm, step-to-step change / mean", "grad_norm", change),
-        ("grad norm, largest / median", "grad_norm", spike)]
+        ("grad norm, step-to-step change / mean", "grad_norm", smoothness(change)),
+        ("grad norm, largest / median", "grad_norm", smoothness(largest_over_median))]
 
     def logged(r, key):      # at two steps or more; the KL only where there is a reference model
         beta = r["config"].get("beta", 1)
