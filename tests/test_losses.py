@@ -320,6 +320,33 @@ def test_on_policy_with_beta_0_tepo_is_grpo_with_token_mean():
         assert not torch.allclose(grpo[1], tepo[1], atol=1e-6), beta
 
 
+def test_tepo_parts_each_swap_puts_back_one_part_of_grpo():
+    """benchmarks/tepo_parts.py: --swap ratio is TEPO with GRPO's token ratio, --swap kl is TEPO
+    with GRPO's KL on every token. Each is the loss it claims where the other part cannot act,
+    and differs from TEPO where its own part does."""
+    from benchmarks.tepo_parts import tepo_with
+    swap_ratio, swap_kl = tepo_with("ratio"), tepo_with("kl")
+    logp, old, ref, adv, mask, entropy = random_batch(B=16, T=8, seed=5)
+    on = logp.detach()
+
+    def same(f, g, old_logp, beta, **kw):
+        a = loss_and_grad(f, logp, old_logp, ref, adv, mask, entropy, beta=beta, **kw)
+        b = loss_and_grad(g, logp, old_logp, ref, adv, mask, entropy, beta=beta)
+        return torch.allclose(a[0], b[0], atol=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
+
+    grpo = lambda *a, **kw: grpo_loss(*a[:5], **kw, agg="token-mean")        # GRPO takes no entropy
+    assert same(grpo, swap_ratio, old, 0.0)         # no KL: only the ratio is left, GRPO's
+    assert same(tepo_loss, swap_ratio, on, 0.04)    # on policy the two ratios are one
+    assert same(grpo, swap_kl, on, 0.04)            # on policy: only the KL is left, GRPO's
+    assert same(tepo_loss, swap_kl, old, 0.0)       # no KL: only the ratio is left, TEPO's
+    assert not same(tepo_loss, swap_ratio, old, 0.0)
+    assert not same(tepo_loss, swap_kl, on, 0.04)
+    _, info = swap_kl(logp, old, ref, adv, mask, entropy)
+    assert torch.equal(info["kl_mask"], mask)                                  # logged as a full mask
+    with pytest.raises(ValueError, match="--swap"):
+        tepo_with("entropy")
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_clip_frac_is_the_low_side_plus_the_high_side(name):
     """The clip acts on the high side where A > 0 and ratio > 1 + eps, on the low side where

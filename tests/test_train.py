@@ -634,6 +634,19 @@ def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
     assert shares == sorted(shares) and shares[-1] > 0.0
 
 
+def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp_path):
+    import benchmarks.tepo_parts as bench
+    out = tmp_path / "run"
+    assert bench.main(FAST + ["--init", warm, "--steps", "2", "--updates-per-batch", "2", "--swap", "kl",
+                              "--out", str(out)]) == 0
+    assert train.LOSSES["tepo"] is losses.tepo_loss                        # restored after the run
+    steps = [m for m in read(out / "metrics.jsonl") if "kl_mask_frac" in m]
+    assert len(steps) == 2 and {m["kl_mask_frac"] for m in steps} == {1.0}   # the KL on every token
+    assert json.loads((out / "config.json").read_text())["loss"] == "tepo"
+    with pytest.raises(SystemExit, match="--swap"):
+        bench.main(FAST)
+
+
 def test_evaluate_counts_right_answers_and_strictly_right_ones(monkeypatch):
     texts = ["5 + 0 = 5\n#### 5", "The answer is 5.", "#### 4", "2 + 3 = 5"]     # strict, right, wrong, right
     problems = [{"question": f"q{i}", "answer": "... #### 5"} for i in range(4)]
