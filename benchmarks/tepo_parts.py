@@ -15,6 +15,7 @@ the sequence ratio. Each runs train.py with ``--loss tepo`` and that one line ch
 other flag passes through, and the run's metrics.jsonl is train.py's own. docs/LOG.md has what
 the two runs showed against TEPO and GRPO.
 """
+import argparse
 import sys
 from pathlib import Path
 
@@ -53,15 +54,13 @@ def tepo_with(swap):
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--swap" not in argv or argv.index("--swap") + 1 >= len(argv):
-        raise SystemExit(f"tepo_parts.py needs --swap {' or '.join(SWAPS)}")
-    i = argv.index("--swap")
-    swap = argv[i + 1]
-    argv = argv[:i] + argv[i + 2:]
+    parser = argparse.ArgumentParser(description="TEPO with one part swapped for GRPO's; "
+                                     "every other flag goes to train.py")
+    parser.add_argument("--swap", choices=SWAPS, required=True)
+    args, argv = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if "--out" not in argv:
-        argv += ["--out", f"runs/tepo-swap-{swap}"]
-    train.LOSSES["tepo"] = tepo_with(swap)                  # train.LOSSES is losses.LOSSES
+        argv += ["--out", f"runs/tepo-swap-{args.swap}"]
+    train.LOSSES["tepo"] = tepo_with(args.swap)             # train.LOSSES is losses.LOSSES
     try:
         return train.main(argv + ["--loss", "tepo"])
     finally:

@@ -634,7 +634,7 @@ def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
     assert shares == sorted(shares) and shares[-1] > 0.0
 
 
-def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp_path):
+def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp_path, capsys):
     import benchmarks.tepo_parts as bench
     out = tmp_path / "run"
     assert bench.main(FAST + ["--init", warm, "--steps", "2", "--updates-per-batch", "2", "--swap", "kl",
@@ -643,8 +643,10 @@ def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp
     steps = [m for m in read(out / "metrics.jsonl") if "kl_mask_frac" in m]
     assert len(steps) == 2 and {m["kl_mask_frac"] for m in steps} == {1.0}   # the KL on every token
     assert json.loads((out / "config.json").read_text())["loss"] == "tepo"
-    with pytest.raises(SystemExit, match="--swap"):
-        bench.main(FAST)
+    for args in ([], ["--swap", "entropy"]):                      # a clear usage error, no traceback
+        with pytest.raises(SystemExit):
+            bench.main(FAST + args)
+        assert "--swap" in capsys.readouterr().err
 
 
 def test_evaluate_counts_right_answers_and_strictly_right_ones(monkeypatch):
