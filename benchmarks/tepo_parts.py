@@ -13,7 +13,7 @@ acts on the sequence as a whole. (2) The KL to the reference is kept only on the
 pi / pi_old back and keeps the mask; ``--swap kl`` puts the KL back on every token and keeps
 the sequence ratio. Each runs train.py with ``--loss tepo`` and that one line changed; every
 other flag passes through, and the run's metrics.jsonl is train.py's own. docs/LOG.md has what
-the two runs showed against TEPO and GRPO.
+the runs showed on three seeds, against TEPO and GRPO.
 """
 import argparse
 import sys
