@@ -19,7 +19,7 @@
 #   S=benchmarks/gpu_session.sh
 #   carry .gpu/whl .gpu/part-1    bash $S setup && bash $S check tests
 #   carry .gpu/part-2             bash $S setup
-#   carry .gpu/part-3             bash $S setup && bash $S check timings
+#   carry .gpu/part-3             bash $S setup && bash $S check timings   # the last part (as pack says)
 #   #   setup: gathers the parts in $GPU_SESSION_DIR and installs the wheels as soon as they are
 #   #   in; with all the parts in, joins them, checks the sha256, installs the model and
 #   #   converts it (until then it says what is missing)

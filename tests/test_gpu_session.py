@@ -79,10 +79,11 @@ def test_pack_sizes_the_parts_to_what_the_working_tree_leaves_each_call(tmp_path
                                         script])
     margin = 1 << 20
     limit = tree + margin + 150_000                  # room for the wheels (~40 kB) and ~110 kB of model
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_CALL_LIMIT": str(limit), "PIP_NO_INDEX": "1",
-           "PIP_FIND_LINKS": str(index), "PIP_CONFIG_FILE": os.devnull}
-    packed = subprocess.run(["bash", str(script), "pack"], env=env, capture_output=True, text=True,
-                            timeout=300)
+    env = {**os.environ, "PYTHON": sys.executable, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index),
+           "PIP_CONFIG_FILE": os.devnull}
+    pack = lambda limit: subprocess.run(["bash", str(script), "pack"], capture_output=True, text=True,
+                                        env={**env, "GPU_CALL_LIMIT": str(limit)}, timeout=300)
+    packed = pack(limit)
     assert packed.returncode == 0, packed.stdout + packed.stderr
 
     gpu = repo / ".gpu"
@@ -105,9 +106,7 @@ def test_pack_sizes_the_parts_to_what_the_working_tree_leaves_each_call(tmp_path
     carry(repo, "part-1", {f.name: f.read_bytes() for f in parts[0].iterdir()})
     assert f"model parts 1 of {n}: call again" in session(script, work, "setup").stdout
     shutil.rmtree(gpu)
-    env["GPU_CALL_LIMIT"] = str(tree + margin + 30_000)         # the wheels alone would not fit
-    full = subprocess.run(["bash", str(script), "pack"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    full = pack(tree + margin + 30_000)                             # the wheels alone would not fit
     assert full.returncode == 1 and "leaves no room for the wheels in one call" in full.stdout, full.stdout
 
 
