@@ -48,10 +48,12 @@ demo-tiny: setup
 	$(PYTHON) train.py --preset tiny $(ARGS)
 
 # logs/compare-smol: the smol preset (docs/figures); logs/compare-smol-active: the smol-active
-# preset, where the KL term, the ratio and the clip act (docs/figures/active).
+# preset, where the KL term, the ratio and the clip act (docs/figures/active); logs/compare-smol-long:
+# the smol-long preset, 200 steps on a GPU (docs/figures/long).
 figures: setup
 	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
 	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table
+	$(PYTHON) plots.py logs/compare-smol-long/*-s*/ --out docs/figures/long --table
 
 test: setup-test
 	$(PYTHON) -m pytest -q $(ARGS)

@@ -10,8 +10,10 @@
     python compare.py --preset smol --seeds 0 1 2
     # the same with a KL term and 2 updates per batch
     python compare.py --preset smol-active --seeds 0 1 2
+    # that for 200 steps on harder problems: one GPU (4-10 min a run on an H200)
+    python compare.py --preset smol-long --seeds 0 1 2 -- --cuda-graphs --micro-batch 128
 
-Runs ``train.py --preset <tiny|smol|smol-active>`` for every loss and seed (in parallel,
+Runs ``train.py --preset <tiny|smol|smol-active|smol-long>`` for every loss and seed (in parallel,
 splitting the CPU threads between jobs), then ``plots.py --table`` on all of them. Outputs go
 to ``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in
 ``<out>/<loss>-s<seed>.log``. Extra arguments after ``--`` are passed to every train.py run.

@@ -64,7 +64,7 @@ def test_every_link_to_a_heading_finds_it(doc):
 
 def test_the_readme_teaches_and_keeps_no_history():
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    assert len(text.encode()) <= 22_000
+    assert len(text.encode()) <= 23_500     # three result settings: smol, smol-active, smol-long
     assert "fresh clone" not in text
     # A commit hash: 7-40 hex digits with at least one letter and one digit, as a word of its own.
     hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text)
