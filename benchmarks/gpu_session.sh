@@ -58,7 +58,7 @@
 #   # here, from the last poll's files: the finished runs' text logs into logs/compare-smol-long/
 #   bash benchmarks/gpu_session.sh collect /path/to/compare-smol-long.tgz [--steps N]   # with .venv's Python
 #   #   then `make figures`, and paste docs/figures/long/results.md's tables into the README and
-#   #   docs/results.md (test_the_long_run_results_are_redrawn_from_the_shipped_logs is red until then)
+#   #   docs/results.md (tests/test_plots.py::test_the_readme_results_are_redrawn_... is red until then)
 #
 # A sweep that does not finish in one session goes on in the next: `sweep` starts from the
 # finished runs shipped in logs/compare-smol-long (same flags, same --steps) and runs the others.
