@@ -289,10 +289,11 @@ def test_token_figure_uses_the_last_group_with_mixed_rewards():
 
 
 
-@pytest.mark.parametrize("logs, figures, whole", [("compare-smol", "figures", True),
-                                                  ("compare-smol-active", "figures/active", True),
-                                                  ("compare-smol-long", "figures/long", False)])
-def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures, whole):
+@pytest.mark.parametrize("logs, figures, whole, over_time",   # over_time: evaluated every 25 steps
+                         [("compare-smol", "figures", True, False),
+                          ("compare-smol-active", "figures/active", True, False),
+                          ("compare-smol-long", "figures/long", False, True)])
+def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures, whole, over_time):
     """`make figures` redraws the README's figures and tables from logs/ alone; each table it
     writes is in the README (the summary table) or in docs/results.md (every run's final
     accuracy, the run-by-run dynamics and, for compare-smol-long, evaluated every 25 steps, the
@@ -313,7 +314,7 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     written = (tmp_path / "results.md").read_text()
     tables = re.findall(r"(?m)(?:^\|.*\n)+", written)
     losses = {r.name.rsplit("-s", 1)[0] for r in runs}
-    assert [len(t.splitlines()) for t in tables] == [2 + len(losses)] * (3 if whole else 3 + 5)
+    assert [len(t.splitlines()) for t in tables] == [2 + len(losses)] * (3 + 5 * over_time)
     assert tables[0] in readme, "README table != make figures:\n" + tables[0]
     for table in tables[1:]:
         assert table in results, "docs/results.md table != make figures:\n" + table
