@@ -12,8 +12,11 @@
     python compare.py --preset smol-active --seeds 0 1 2
     # that for 200 steps on harder problems: one GPU (4-10 min a run on an H200)
     python compare.py --preset smol-long --seeds 0 1 2 -- --cuda-graphs --micro-batch 128
+    # the three controls of our readings (docs/METHODS.md) instead of the four losses
+    python compare.py --preset smol-active --seeds 0 1 2 --controls
 
-Runs ``train.py --preset <tiny|smol|smol-active|smol-long>`` for every loss and seed (in parallel,
+Runs ``train.py --preset <tiny|smol|smol-active|smol-long>`` for every loss (or, with
+``--controls``, every control in CONTROLS) and seed (in parallel,
 splitting the CPU threads between jobs), then ``plots.py --table`` on all of them. Outputs go
 to ``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in
 ``<out>/<loss>-s<seed>.log``. Extra arguments after ``--`` are passed to every train.py run.
@@ -36,12 +39,23 @@ from losses import LOSSES
 
 HERE = Path(__file__).resolve().parent
 
+# The controls (docs/METHODS.md, "Controls"): name -> (loss, train.py flags), run as <name>-s<seed>.
+# "{beta}" is the preset's KL coefficient, the one GRPO pays on every token.
+CONTROLS = {
+    "grpo-beta0": ("grpo", ["--beta", "0"]),                    # the KL-free baseline
+    "tepo-fullkl": ("tepo", ["--tepo-full-kl", "{beta}"]),      # GRPO's KL on every token, + TEPO's mask
+    "tr_grpo-mean1": ("tr_grpo", ["--tr-normalise"]),           # GRPO's step size, TR-GRPO's shape
+}
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "smol", "smol-active", "smol-long"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    parser.add_argument("--controls", action="store_true",
+                        help="run the controls (" + ", ".join(CONTROLS) + ") instead of the losses; "
+                             "they need a preset with a KL term (tiny, smol-active, smol-long)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs at the same time; default 2 for tiny, 1 for smol "
                              "(a smol run wants both cores and 6 GiB)")
@@ -50,12 +64,24 @@ def parse_args(argv=None):
     parser.add_argument("extra", nargs="*", help="more train.py flags, after --")
     args = parser.parse_args(argv)
     args.steps_each = args.steps or train.PRESETS[args.preset].get("steps", train.Config.steps)
+    args.beta = train.PRESETS[args.preset].get("beta", train.Config.beta)
+    if args.controls and args.beta == 0:
+        parser.error(f"--controls compares against a KL term, and the {args.preset} preset has none "
+                     f"(beta = 0); use tiny, smol-active or smol-long")
     return args
+
+
+def runs_of(args):
+    """(name, loss, extra train.py flags) of every run but the seed: the losses, or the controls."""
+    if not args.controls:
+        return [(loss, loss, []) for loss in args.losses]
+    return [(name, loss, [f.format(beta=args.beta) for f in flags]) for name, (loss, flags) in CONTROLS.items()]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    out = Path(args.out or ("runs/compare" if args.preset == "tiny" else f"runs/compare-{args.preset}"))
+    out = Path(args.out or ("runs/compare" if args.preset == "tiny" else f"runs/compare-{args.preset}")
+               + ("-controls" if args.controls and not args.out else ""))
     out.mkdir(parents=True, exist_ok=True)
     args.jobs = args.jobs or (2 if args.preset == "tiny" else 1)
     threads = max(1, (os.cpu_count() or 2) // args.jobs)
@@ -73,22 +99,22 @@ def main(argv=None):
         print(f"converting (or reusing) the packaged model: {models.smollm2_dir()}", flush=True)
 
     def one(job):
-        loss, seed = job
-        run = out / f"{loss}-s{seed}"
+        (name, loss, extra), seed = job
+        run = out / f"{name}-s{seed}"
         if finished(run, args.steps_each):
-            print(f"  {loss:8s} seed {seed}: finished before, skipped", flush=True)
+            print(f"  {name:8s} seed {seed}: finished before, skipped", flush=True)
             return run
-        flags = ["--resume"] if (run / "ckpt" / "last.pt").exists() else []
-        log_path = out / f"{loss}-s{seed}.log"
+        flags = extra + (["--resume"] if (run / "ckpt" / "last.pt").exists() else [])
+        log_path = out / f"{name}-s{seed}.log"
         with open(log_path, "a") as log:
             p = subprocess.run([sys.executable, str(HERE / "train.py"), *common, "--loss", loss,
                                 "--seed", str(seed), "--out", str(run), *flags],
                                stdout=log, stderr=subprocess.STDOUT)
         status = "ok" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {log_path})"
-        print(f"  {loss:8s} seed {seed}: {status}  [{time.time() - start:.0f}s]", flush=True)
+        print(f"  {name:8s} seed {seed}: {status}  [{time.time() - start:.0f}s]", flush=True)
         return run if p.returncode == 0 else None
 
-    jobs = [(loss, seed) for seed in args.seeds for loss in args.losses]
+    jobs = [(run, seed) for seed in args.seeds for run in runs_of(args)]
     print(f"{len(jobs)} runs, {args.jobs} at a time, {threads} thread(s) each ...", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         done = [r for r in pool.map(one, jobs) if r is not None]

@@ -184,7 +184,7 @@ def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
 
 def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
                  clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None,
-                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
+                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4, normalise=False):
     """TR-GRPO (Le et al., arXiv 2511.00066): GRPO with each token weighted by its probability.
 
         J = agg_t[ w(p_t) * min(r_t A_i, clip(r_t) A_i) - beta * k3 ],
@@ -194,10 +194,15 @@ def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     gradients; weighting confident tokens up evens that out and smooths the update.
     [reconstruction] the sigmoid-clip family, its constants, tau = 1/9, w detached and
     applied to the whole clipped surrogate (not to the KL term).
+    ``normalise=True`` (a control, docs/METHODS.md): w <- w / mean_row(w) over each row's valid
+    tokens, so every sequence's weights average 1, as GRPO's do: the step size is GRPO's and only
+    which tokens of a sequence count differs (a row's own statistic: no micro-batch split moves it).
     """
     ratio = torch.exp(_log_ratio(logp, old_logp, mask))
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     w = tr_grpo_weights(logp, alpha, tau, mu, w_min, w_max)                  # <- new
+    if normalise:                                                           # <- new: mean 1 per row
+        w = w * mask.sum(-1, keepdim=True).clamp(min=1) / (w * mask).sum(-1, keepdim=True).clamp(min=1e-12)
     kl = _kl_term(logp, ref_logp, mask, beta)
     loss = -aggregate(w * surrogate - beta * kl, mask, agg, max_tokens)     # <- w *
     return loss, _info(mask, w, ratio, clipped, kl)
@@ -313,7 +318,7 @@ def tepo_kl_mask(logp, entropy, advantages, mask):
 
 
 def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
-              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None):
+              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None, full_kl_beta=0.0):
     """TEPO (Lin et al., arXiv 2510.09369 / 2604.12736, ACL 2026): sequence ratio + KL mask.
 
         log s_i = sum_t (logp - old_logp) m_t / sum_t m_t        (geometric-mean sequence ratio)
@@ -326,14 +331,17 @@ def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     tokens whose reinforcement would collapse entropy, leaving the rest free.
     [reconstruction] the GSPO-token form of the sequence ratio; the entropy test
     log pi(o_t) + H_t > 0; the mask's KL anchored to the reference model.
+    ``full_kl_beta > 0`` (a control, docs/METHODS.md) adds GRPO's KL on every token beneath the
+    masked one: J = token-mean[ min(s A, clip(s) A) - full_kl_beta * k3 - beta * M * k3 ], so a
+    masked token pays both, and TEPO keeps the leash GRPO has everywhere.
     """
     if entropy is None:
         raise ValueError("tepo_loss needs entropy [B, C] (full-vocabulary entropy of the policy)")
     ratio = tepo_sequence_ratio(logp, old_logp, mask)                                 # <- new
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     kl_mask = tepo_kl_mask(logp, entropy, advantages, mask)                           # <- new
-    kl = _kl_term(logp, ref_logp, mask, beta)
-    loss = -aggregate(surrogate - beta * kl_mask * kl, mask, agg, max_tokens)       # <- M *
+    kl = _kl_term(logp, ref_logp, mask, beta + full_kl_beta)
+    loss = -aggregate(surrogate - (beta * kl_mask + full_kl_beta) * kl, mask, agg, max_tokens)   # <- M *
     return loss, _info(mask, torch.ones_like(logp), ratio, clipped, kl, kl_mask=kl_mask)
 
 

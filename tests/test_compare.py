@@ -158,3 +158,36 @@ def test_the_shipped_long_runs_are_whole_and_comparable():
             assert sum(r["kl_mask_frac"] for r in run["train"]) > 0
         shared.append({k: v for k, v in cfg.items() if k not in own})
     assert all(c == shared[0] for c in shared)
+
+
+def test_controls_run_each_control_with_its_flags_and_the_presets_beta(tmp_path, monkeypatch, capsys):
+    """--controls runs compare.CONTROLS (docs/METHODS.md) as <name>-s<seed>, each with its flags;
+    TEPO's full KL takes the preset's beta, GRPO pays on every token. A preset with no KL term is refused."""
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        run = Path(cmd[cmd.index("--out") + 1])
+        loss, seed = cmd[cmd.index("--loss") + 1], int(cmd[cmd.index("--seed") + 1])
+        finished_run(run.parent, run.name.rsplit("-s", 1)[0], seed, 2)
+        cfg = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps(dict(cfg, loss=loss)))
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(compare.models, "smollm2_dir", lambda: "(not needed)")
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    assert compare.main(["--preset", "smol-active", "--controls", "--steps", "2", "--seeds", "0", "1",
+                         "--out", str(tmp_path)]) == 0
+    flags = {Path(c[c.index("--out") + 1]).name: (c[c.index("--loss") + 1], c[c.index("--out") + 2:])
+             for c in calls}
+    beta = str(train.PRESETS["smol-active"]["beta"])
+    assert flags == {f"{name}-s{s}": (loss, extra) for s in (0, 1) for name, (loss, extra) in [
+        ("grpo-beta0", ("grpo", ["--beta", "0"])), ("tepo-fullkl", ("tepo", ["--tepo-full-kl", beta])),
+        ("tr_grpo-mean1", ("tr_grpo", ["--tr-normalise"]))]}
+    for name, (loss, extra) in flags.items():         # what train.py makes of them
+        cfg = train.parse_config(["--preset", "smol-active", "--loss", loss, *extra])
+        assert (cfg.beta, cfg.tr_normalise, cfg.tepo_full_kl) == {
+            "grpo": (0.0, False, 0.0), "tepo": (0.04, False, 0.04), "tr_grpo": (0.04, True, 0.0)}[loss]
+    assert compare.parse_args(["--controls"]).beta > 0
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--preset", "smol", "--controls"])
+    assert "the smol preset has none" in capsys.readouterr().err

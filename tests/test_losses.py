@@ -664,7 +664,8 @@ def test_cw_grpo_with_their_two_options_is_the_authors_loss(beta):
 # An independent implementation of docs/METHODS.md, one token at a time, compared on random
 # off-policy batches: values, gradients, weights and the TEPO mask.
 
-def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=None):
+def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=None, normalise=False,
+                   full_kl_beta=0.0):
     B, T = logp.shape
     valid = [[mask[i, t].item() > 0 for t in range(T)] for i in range(B)]
     toks = [(i, t) for i in range(B) for t in range(T) if valid[i][t]]
@@ -676,6 +677,9 @@ def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=No
         for i, t in toks:
             p = math.exp(logp[i, t].item())
             w[i, t] = torch.tensor(min(max(2.0 * (1 / (1 + math.exp(-9 * p)) - 0.25), 1.0), 1.4))
+        if normalise:                  # the control: each row's weights divided by their mean
+            row_mean = {i: sum(w[i, t].item() for t in range(T) if valid[i][t]) / n_i[i] for i in range(B)}
+            w = {(i, t): v / row_mean[i] for (i, t), v in w.items()}
     if name == "cw_grpo":              # per group of `group` rows (None: all rows), the weights detached
         G = group or B
         for first in range(0, B, G):
@@ -701,7 +705,7 @@ def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=No
         surr = torch.minimum(r * w[i, t] * A, torch.clamp(r, 0.8, 1.2) * w[i, t] * A)
         d = ref[i, t] - lp
         kl = torch.exp(d) - d - 1
-        obj[i, t] = surr - beta * (M[i, t] if name == "tepo" else 1.0) * kl
+        obj[i, t] = surr - beta * (M[i, t] if name == "tepo" else 1.0) * kl - full_kl_beta * kl
     if agg == "seq-mean-token-mean":
         total = sum(sum(obj[i, t] for t in range(T) if valid[i][t]) / n_i[i] for i in range(B)) / B
     elif agg == "token-mean":
@@ -829,3 +833,116 @@ def test_bf16_logits_are_scored_in_float32():
     want, _ = naive(logits.to(torch.bfloat16).double(), tokens, 1.0)
     assert got.dtype == torch.float32
     assert torch.allclose(got.double(), want, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------
+# The controls of docs/METHODS.md: TR-GRPO with mean-1 weights, TEPO with GRPO's full KL beneath
+# its masked one. Each off by default (the shipped numbers come from the defaults).
+
+CONTROLS = [("tr_grpo", {"normalise": True}), ("tepo", {"full_kl_beta": 0.03})]
+
+
+def test_tr_grpo_mean_one_weights_by_hand():
+    logp, old, ref, adv, mask, _ = example()
+    W = [[tr_w(0.5), tr_w(0.25), tr_w(0.8)], [tr_w(0.1), tr_w(0.6)]]
+    W = [[w / (sum(row) / len(row)) for w in row] for row in W]       # each row's mean: 1
+    assert W[1] == pytest.approx([1 / 1.2, 1.4 / 1.2]) and min(W[0]) < 1 < max(W[0])   # some go down
+    for agg in AGGREGATIONS:
+        loss, info = tr_grpo_loss(logp, old, ref, adv, mask, beta=0.04, agg=agg, normalise=True)
+        rows = [[w * s - 0.04 * k for w, s, k in zip(wr, sr, kr)] for wr, sr, kr in zip(W, SURR, KL)]
+        assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
+        assert info["weights"][0].tolist() == pytest.approx(W[0], abs=1e-12)
+        assert info["weights"][1, :2].tolist() == pytest.approx(W[1], abs=1e-12)
+
+
+def test_tepo_full_kl_by_hand():
+    logp, old, ref, adv, mask, entropy = example()
+    s0, s1 = (1.5 * 1.0 * 0.5) ** (1 / 3), (1.25 * 0.9) ** (1 / 2)
+    M = [[0.0, 1.0, 0.0], [0.0, 0.0]]
+    for agg in AGGREGATIONS:
+        loss, info = tepo_loss(logp, old, ref, adv, mask, entropy, beta=0.04, agg=agg, full_kl_beta=0.1)
+        rows = [[s0 - 0.04 * m * k - 0.1 * k for m, k in zip(M[0], KL[0])],      # the masked token pays both
+                [-0.5 * s1 - 0.04 * m * k - 0.1 * k for m, k in zip(M[1], KL[1])]]
+        assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
+        assert info["kl_mask"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_tepo_full_kl_alone_is_grpos_kl_term():
+    # With beta = 0 (no mask) the control's KL is GRPO's: the same k3 on every token.
+    logp, old, ref, adv, mask, entropy = random_batch(seed=3)
+    kw = dict(agg="token-mean")
+    with_kl = loss_and_grad(tepo_loss, logp, old, ref, adv, mask, entropy, beta=0.0, full_kl_beta=0.04, **kw)
+    without = loss_and_grad(tepo_loss, logp, old, ref, adv, mask, entropy, beta=0.0, **kw)
+    grpo_kl = (loss_and_grad(grpo_loss, logp, old, ref, adv, mask, beta=0.04, **kw)[0]
+               - loss_and_grad(grpo_loss, logp, old, ref, adv, mask, beta=0.0, **kw)[0])
+    assert (with_kl[0] - without[0]).item() == pytest.approx(grpo_kl.item(), abs=1e-12)
+    assert not torch.allclose(with_kl[1], without[1])
+    with pytest.raises(ValueError, match="ref_logp"):
+        tepo_loss(logp, old, None, adv, mask, entropy, beta=0.0, full_kl_beta=0.04)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_controls_are_off_by_default(name):
+    # Bit for bit: the default arguments give what the shipped runs were trained with.
+    logp, old, ref, adv, mask, entropy = random_batch(seed=5)
+    off = {"tr_grpo": {"normalise": False}, "tepo": {"full_kl_beta": 0.0}}.get(name, {})
+    a = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy)
+    b = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, **off)
+    assert a[0].item() == b[0].item() and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("name,options", CONTROLS)
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_controls_match_independent_implementation(name, options, agg):
+    for seed in range(3):
+        logp, old, ref, adv, mask, entropy = random_batch(B=6, T=5, seed=200 + seed)
+        x = logp.detach().clone().requires_grad_()
+        want, w, _ = reference_loss(name, x, old, ref, adv, mask, entropy, 0.04, agg, **options)
+        want.backward()
+        got, grad, info = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, beta=0.04, agg=agg,
+                                        **options)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6, abs=1e-12)
+        assert torch.allclose(grad, x.grad, rtol=1e-6, atol=1e-12)
+        for (i, t), v in w.items():
+            assert info["weights"][i, t].item() == pytest.approx(float(v), rel=1e-6)
+        if name == "tr_grpo":          # mean 1 over each row's valid tokens
+            means = (info["weights"] * mask).sum(1) / mask.sum(1)
+            assert torch.allclose(means, torch.ones(6), atol=1e-12)
+
+
+@pytest.mark.parametrize("name,options", CONTROLS)
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_controls_are_exact_under_micro_batching_and_padding(name, options, agg):
+    # Row statistics only: any split into micro-batches, each cut to its own width, and any padding
+    # give the full batch's loss and gradient.
+    logp, old, ref, adv, mask, entropy = random_batch(B=12, T=7, seed=4)
+    kw = dict(agg=agg, max_tokens=7, **options)
+    full_loss, full_grad, _ = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, **kw)
+    x, total = logp.detach().clone().requires_grad_(), 0.0
+    for rows in (slice(0, 5), slice(5, 6), slice(6, 12)):
+        m = trim(mask[rows], mask[rows])
+        loss, _ = LOSSES[name](trim(x[rows], m), trim(old[rows], m), trim(ref[rows], m), adv[rows], m,
+                               trim(entropy[rows], m), **kw)
+        loss = loss * microbatch_scale(agg, m, mask)
+        loss.backward()
+        total += loss.item()
+    assert total == pytest.approx(full_loss.item(), abs=1e-12)
+    assert torch.allclose(x.grad, full_grad, atol=1e-14)
+    pad = lambda t: torch.cat([t.detach(), 30 * torch.randn(12, 3, generator=torch.Generator().manual_seed(1))], 1)
+    padded = loss_and_grad(LOSSES[name], pad(logp), pad(old), pad(ref), adv, torch.cat([mask, torch.zeros(12, 3)], 1),
+                           pad(entropy), **kw)
+    assert padded[0].item() == pytest.approx(full_loss.item(), abs=1e-12)
+    assert torch.allclose(padded[1][:, :7], full_grad, atol=1e-14) and (padded[1][:, 7:] == 0).all()
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_gradcheck_controls(agg):
+    logp, old, ref, adv, mask, entropy = random_batch(B=4, T=5)
+    assert torch.autograd.gradcheck(
+        lambda x: tepo_loss(x, old, ref, adv, mask, entropy, agg=agg, full_kl_beta=0.04)[0], (logp,))
+    # TR-GRPO's weights are a stop-gradient function of p (see test_gradcheck_tr_grpo): flat regions only.
+    p = torch.where(torch.rand(4, 5, generator=torch.Generator().manual_seed(2)) < 0.5,
+                    torch.full((4, 5), 0.05), torch.full((4, 5), 0.7))
+    x = (p + 0.02 * torch.rand(4, 5)).log().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg, normalise=True)[0],
+                                    (x,))
