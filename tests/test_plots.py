@@ -140,10 +140,13 @@ def test_table_adds_what_acts_where_it_was_logged(tmp_path):
                     line["kl_mask_frac"] = 0.1 * (i + 1)
         (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         runs.append(plots.read_run(run))
-    header, _, grpo, tepo = plots.summary_table(runs).splitlines()[:4]
+    header, _, grpo, tepo_kl_free, tepo = plots.summary_table(runs).splitlines()[:5]
     assert header.endswith("| truncated at the end | clip_frac | abs_log_ratio | kl_mask_frac |")
-    assert grpo.endswith("| 0.010 | – |")
-    assert tepo.endswith("| 0.025 (0.020–0.030) | 0.200 |")     # kl_mask_frac: the beta > 0 run alone
+    assert grpo.startswith("| grpo |") and grpo.endswith("| 0.010 | – |")
+    # runs of one loss with different betas are rows of their own, the beta said
+    assert tepo.startswith("| tepo β=0.04 | 1 |") and tepo.endswith("| 0.020 | 0.200 |")
+    assert tepo_kl_free.startswith("| tepo β=0 | 1 |")
+    assert tepo_kl_free.endswith("| 0.030 | – |")                   # its mask multiplied nothing
 
 
 def test_per_seed_table(tmp_path):
@@ -295,11 +298,11 @@ def test_token_figure_uses_the_last_group_with_mixed_rewards():
                           ("compare-smol-long", "figures/long", False, True)])
 def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures, whole, over_time):
     """`make figures` redraws the README's figures and tables from logs/ alone; each table it
-    writes is in the README (the summary table) or in docs/results.md (every run's final
-    accuracy, the run-by-run dynamics and, for compare-smol-long, evaluated every 25 steps, the
-    tables over time) whole: header, separator, rows, in order. Neither can drift from the logs:
-    a number edited by hand goes red, and so does a run added without redrawing. The 15-step
-    settings ship all twelve runs; the 200-step one, made on GPUs a few a session, what it has."""
+    writes is in docs/results.md (the summary table of the common setting in the README instead;
+    every run's final accuracy, the run-by-run dynamics and, for compare-smol-long, evaluated every
+    25 steps, the tables over time) whole: header, separator, rows, in order. Neither can drift
+    from the logs: a number edited by hand goes red, and so does a run added without redrawing.
+    The 15-step settings ship all twelve runs; the 200-step one, whatever runs it has so far."""
     repo = Path(__file__).resolve().parents[1]
     runs = sorted(p for p in (repo / "logs" / logs).glob("*-s*") if p.is_dir())
     if whole:
@@ -315,9 +318,34 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     tables = re.findall(r"(?m)(?:^\|.*\n)+", written)
     losses = {r.name.rsplit("-s", 1)[0] for r in runs}
     assert [len(t.splitlines()) for t in tables] == [2 + len(losses)] * (3 + 5 * over_time)
-    assert tables[0] in readme, "README table != make figures:\n" + tables[0]
+    summary, where = (readme, "README") if logs == "compare-smol" else (results, "docs/results.md")
+    assert tables[0] in summary, f"{where} table != make figures:\n" + tables[0]
     for table in tables[1:]:
         assert table in results, "docs/results.md table != make figures:\n" + table
     assert written == (repo / "docs" / figures / "results.md").read_text()
     for name in ["summary.png", "token_weights.png"]:
         assert_png(repo / "docs" / figures / name)
+
+
+def test_the_controls_are_told_apart_from_the_losses(tmp_path):
+    """A control's runs (docs/METHODS.md) get a row and a dashed line of their own, in the loss's
+    colour, next to the loss they change: what it changes is in the label."""
+    configs = [("grpo", {"beta": 0.04}), ("grpo", {"beta": 0.0}), ("tr_grpo", {"beta": 0.04}),
+               ("tr_grpo", {"beta": 0.04, "tr_normalise": True}), ("tepo", {"beta": 0.04}),
+               ("tepo", {"beta": 0.04, "tepo_full_kl": 0.04})]
+    runs = []
+    for i, (loss, extra) in enumerate(configs):
+        (tmp_path / str(i)).mkdir()
+        run = make_run(tmp_path / str(i), loss, 0)
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps(dict(config, **extra)))
+        runs.append(plots.read_run(run))
+    assert [label for label, _ in plots.by_loss(runs)] == [
+        "grpo β=0", "grpo β=0.04", "tr_grpo", "tr_grpo mean-1 w", "tepo", "tepo + full KL"]
+    fig, ax = plt.subplots()
+    plots.draw_metric(ax, runs, "entropy", 0.8)
+    bold = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert bold["tepo + full KL (1 seed)"].get_linestyle() == "--"
+    assert bold["tepo (1 seed)"].get_linestyle() == "-"
+    assert bold["tepo + full KL (1 seed)"].get_color() == plots.COLORS["tepo"]
+    plt.close(fig)

@@ -1,0 +1,204 @@
+"""Tests for the token viewer (`python plots.py RUN_DIR --html`): its numbers are token_weights()'s,
+model text stays text, the shipped pages are what `make figures` writes, and a real browser runs it."""
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import plots
+from losses import LOSSES
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTILE = "</script><img src=x onerror=alert(1)>"
+TOKENS = [["7", " +", " 5", " =", " 1", "2", "\n", "####", " ", "1", "2", "<|im_end|>", "<|im_end|>"],
+          [HOSTILE, "<b>", "bold", "</b>", " &amp;", " <!--", "\t", "", "\r\n", "<|im_end|>", "", "", ""],
+          ["1", "0", "\n", "####", " ", "1", "0", "<|im_end|>", "<|im_end|>", "", "", "", ""]]
+MASK = [[1] * 12 + [0], [1] * 10 + [0] * 3, [1] * 8 + [0] * 5]
+g = torch.Generator().manual_seed(1)
+SAMPLE = {"step": 3, "prompt": "Q: 7 + 5 < 13 & </script><script>alert(2)</script>\nA: ",
+          "completions": ["a", "b", "c"], "tokens": TOKENS, "mask": MASK,
+          "logp": torch.log(torch.rand(3, 13, generator=g) * 0.98 + 0.01).tolist(),
+          "entropy": (torch.rand(3, 13, generator=g) * 2).tolist(),
+          "advantages": [1.15, -0.6, -0.55], "rewards": [1.1, 0.0, 0.1]}
+
+
+def make_run(root, name="tepo-s0", samples=(SAMPLE,)):
+    """A run directory with a config, a few metrics and `samples` as samples.jsonl."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"loss": "tepo", "seed": 0, "beta": 0.04, "group_size": 3}))
+    lines = [{"step": 0, "eval_accuracy": 0.2}] + [
+        {"step": s, "loss": 0.1, "reward": 0.1 * s, "entropy": 1 - 0.1 * s} for s in (1, 2, 3)] + [
+        {"step": 3, "eval_accuracy": 0.4}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return run
+
+
+def page_data(text):
+    """The JSON the page embeds, parsed back."""
+    blocks = re.findall(r'<script type="application/json" id="data">(.*?)</script>', text, re.S)
+    assert len(blocks) == 1
+    return json.loads(blocks[0])
+
+
+def write_page(tmp_path, **kw):
+    run = make_run(tmp_path, **kw)
+    assert plots.main([str(run), "--out", str(tmp_path / "out"), "--html"]) == 0
+    return tmp_path / "out" / "pages" / f"{run.name}.html"
+
+
+def test_the_page_holds_token_weights_numbers(tmp_path):
+    """Every number the page colours a token by is token_weights()'s for that token (float64,
+    rounded to 4 significant digits; within that rounding of the float32 figure's), and the KL mask
+    is exactly the figure's; the padding after the first EOS is left out."""
+    page = write_page(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == ["tepo-s0.html"]  # no PNG
+    group = page_data(page.read_text(encoding="utf-8"))["groups"][0]
+    exact, figure = plots.token_weights(SAMPLE, dtype=torch.float64), plots.token_weights(SAMPLE)
+    t = {k: torch.tensor(SAMPLE[k], dtype=torch.float64) for k in ("logp", "mask", "entropy", "advantages")}
+    for name, fn in LOSSES.items():               # token_weights() is the losses' own weights
+        _, info = fn(t["logp"], t["logp"], None, t["advantages"], t["mask"], t["entropy"], beta=0.0)
+        assert torch.equal(exact[name][0], info["weights"])
+    assert torch.equal(exact["tepo"][1], info["kl_mask"])
+    assert group["step"] == 3 and group["prompt"] == SAMPLE["prompt"]
+    for i, row in enumerate(group["rows"]):
+        n = sum(MASK[i])
+        assert row["tokens"] == TOKENS[i][:n]
+        assert row["reward"] == plots.rounded(SAMPLE["rewards"][i])
+        assert row["adv"] == plots.rounded(SAMPLE["advantages"][i])
+        assert row["logp"] == [plots.rounded(x) for x in SAMPLE["logp"][i][:n]]
+        assert row["entropy"] == [plots.rounded(x) for x in SAMPLE["entropy"][i][:n]]
+        for name in LOSSES:
+            assert row["w"][name] == [plots.rounded(x) for x in exact[name][0][i, :n].tolist()]
+            assert row["w"][name] == pytest.approx(figure[name][0][i, :n].tolist(), rel=6e-4, abs=1e-30)
+        assert row["kl"] == exact["tepo"][1][i, :n].tolist() == figure["tepo"][1][i, :n].tolist()
+    assert any(group["rows"][0]["kl"]) and not any(group["rows"][1]["kl"])     # A > 0 only
+    assert len(set(group["rows"][0]["w"]["tr_grpo"])) > 1                      # something to see
+
+
+def test_the_same_logs_give_the_same_bytes(tmp_path):
+    first = write_page(tmp_path / "a").read_bytes()
+    assert write_page(tmp_path / "b").read_bytes() == first
+    assert plots.rounded(float("nan")) is None and plots.rounded(0.123456) == 0.1235
+    assert plots.rounded(1.0) == 1 and isinstance(plots.rounded(1.0), int)
+
+
+def test_model_text_stays_text(tmp_path):
+    """Tokens and a prompt holding </script>, <img onerror>, <b>, & and <!--, and a run directory
+    named with markup: the raw page has no such tag, and the JSON gives the text back unchanged."""
+    page = write_page(tmp_path, name="tepo-<i>x&y<i>-s0")
+    text = page.read_text(encoding="utf-8")
+    assert text.count("</script>") == 2                      # the data block's and the script's own
+    assert text.count("<script") == 2
+    for live in ("<img", "<b>", "</b>", "<!--", "<i>", "onerror=alert(1)>"):
+        assert live not in text, live
+    data = page_data(text)
+    assert data["groups"][0]["rows"][1]["tokens"] == TOKENS[1][:10]
+    assert data["groups"][0]["prompt"] == SAMPLE["prompt"]
+    assert "tepo-&lt;i&gt;x&amp;y&lt;i&gt;-s0" in text       # the run's name, escaped
+
+
+def test_two_runs_of_one_name_get_two_pages(tmp_path):
+    runs = [make_run(tmp_path / "setting-a"), make_run(tmp_path / "setting-b")]
+    assert plots.main([str(r) for r in runs] + ["--out", str(tmp_path / "out"), "--html"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out" / "pages").iterdir()) == [
+        "setting-a-tepo-s0.html", "setting-b-tepo-s0.html"]
+
+
+def html_commands():
+    """The Makefile's `plots.py ... --html` lines of `figures`, as argument lists, globs expanded."""
+    text = (REPO / "Makefile").read_text()
+    recipe = text.split("\nfigures:", 1)[1].split("\n\n", 1)[0]
+    commands = []
+    for line in recipe.splitlines():
+        if "plots.py" in line and "--html" in line:
+            args = shlex.split(line.split("plots.py", 1)[1])
+            expanded = []
+            for a in args:
+                expanded += sorted(glob.glob(str(REPO / a))) if "*" in a else [a]
+            commands.append(expanded)
+    return commands
+
+
+def test_the_shipped_pages_are_what_make_figures_writes(tmp_path):
+    """`make figures` writes a page per loss for seed 0 of each shipped setting into pages/ under
+    its figures; the pages in docs/figures are those, byte for byte, and no others."""
+    commands = html_commands()
+    assert len(commands) == 3, commands
+    shipped = {p.relative_to(REPO) for p in (REPO / "docs" / "figures").rglob("pages/*.html")}
+    written = set()
+    for args in commands:
+        out = Path(args[args.index("--out") + 1])
+        runs = [a for a in args if a.endswith("-s0/") or a.endswith("-s0")]
+        assert {Path(r).name for r in runs} == {f"{loss}-s0" for loss in LOSSES}, args
+        fresh = tmp_path / out
+        assert plots.main(runs + ["--out", str(fresh), "--html"]) == 0
+        for page in sorted((fresh / "pages").iterdir()):
+            name = out / "pages" / page.name
+            written.add(name)
+            assert (REPO / name).exists(), f"{name}: not shipped (run make figures)"
+            assert (REPO / name).read_bytes() == page.read_bytes(), f"{name} != what make figures writes"
+    assert shipped == written
+
+
+# ----------------------------------------------------------------------------------------
+# In a real browser: Debian's chromium, headless
+
+def chromium():
+    """The headless browser, or a skip that says how to get one."""
+    for name in [os.environ.get("CHROMIUM", ""), "chromium", "chromium-browser", "google-chrome"]:
+        if name and shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no chromium on PATH: the page's browser test needs one (.ci/run installs Debian's "
+                "with apt-get where it can: apt-get install chromium; or set CHROMIUM=/path/to/it)")
+
+
+def dump_dom(page, tmp_path, fragment=""):
+    """The page's DOM after its script ran, and the browser's console log."""
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom",
+               page.resolve().as_uri() + fragment]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    return done.stdout, console
+
+
+def assert_ran(dom, console, tokens):
+    """The script ran to the end without an error, and drew one element per token."""
+    assert 'id="script-error"' not in dom, dom.split('id="script-error"')[1][:500]
+    assert not [line for line in console if "rror" in line or "Uncaught" in line], console
+    assert len(re.findall(r'<span class="tok[ "]', dom)) == tokens
+
+
+def test_the_page_runs_in_a_browser_and_shows_text_as_text(tmp_path):
+    page = write_page(tmp_path)
+    dom, console = dump_dom(page, tmp_path)
+    assert_ran(dom, console, sum(MASK[0]) + sum(MASK[1]) + sum(MASK[2]))
+    assert "<img" not in dom and "<b>" not in dom and "<!--" not in dom       # no element made of text
+    assert "&lt;/script&gt;&lt;img" in dom and "&lt;b&gt;" in dom              # shown as text
+    assert 'data-step="3"' in dom
+
+
+def test_a_shipped_page_runs_in_a_browser(tmp_path):
+    """The long TEPO page, as a learner opens it (the first stored group) and at its last step
+    coloured by the KL mask: one element per token of the group shown, no script error."""
+    page = REPO / "docs" / "figures" / "long" / "pages" / "tepo-s0.html"
+    groups = page_data(page.read_text(encoding="utf-8"))["groups"]
+    size = lambda group: sum(len(row["tokens"]) for row in group["rows"])
+    dom, console = dump_dom(page, tmp_path)
+    assert_ran(dom, console, size(groups[0]))
+    assert f'data-step="{groups[0]["step"]}"' in dom
+    dom, console = dump_dom(page, tmp_path, f"#step={groups[-1]['step']}&colour=kl")
+    assert_ran(dom, console, size(groups[-1]))
+    assert f'data-step="{groups[-1]["step"]}"' in dom and '<button data-mode="kl" class="on">' in dom
