@@ -49,11 +49,15 @@ demo-tiny: setup
 
 # logs/compare-smol: the smol preset (docs/figures); logs/compare-smol-active: the smol-active
 # preset, where the KL term, the ratio and the clip act (docs/figures/active); logs/compare-smol-long:
-# the smol-long preset, 200 steps on a GPU (docs/figures/long).
+# the smol-long preset, 200 steps on a GPU (docs/figures/long). The token viewer (--html): a page
+# per loss for seed 0 of each setting, in pages/ under its figures (seed 0 only: 160-390 KB a page).
 figures: setup
 	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
 	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table
 	$(PYTHON) plots.py logs/compare-smol-long/*-s*/ --out docs/figures/long --table
+	$(PYTHON) plots.py logs/compare-smol/*-s0/ --out docs/figures --html
+	$(PYTHON) plots.py logs/compare-smol-active/*-s0/ --out docs/figures/active --html
+	$(PYTHON) plots.py logs/compare-smol-long/*-s0/ --out docs/figures/long --html
 
 test: setup-test
 	$(PYTHON) -m pytest -q $(ARGS)

@@ -75,7 +75,8 @@ def runs_of(args):
     """(name, loss, extra train.py flags) of every run but the seed: the losses, or the controls."""
     if not args.controls:
         return [(loss, loss, []) for loss in args.losses]
-    return [(name, loss, [f.format(beta=args.beta) for f in flags]) for name, (loss, flags) in CONTROLS.items()]
+    return [(name, loss, [f.format(beta=args.beta) for f in flags])
+            for name, (loss, flags) in CONTROLS.items()]
 
 
 def main(argv=None):

@@ -90,9 +90,8 @@ class Config:
     cw_scope: str = "group"        # "batch": our other reading, statistics of the whole batch
     cw_normalise: str = "valid"    # mean 1 over real tokens; "padded": rows x longest completion (theirs)
     cw_detach: bool = True         # --no-cw-detach: the gradient flows through the weights too (theirs)
-    # Controls for our readings of two papers (docs/METHODS.md, "Controls"); off by default.
-    tr_normalise: bool = False     # TR-GRPO's weights divided by their mean over each row: mean 1, as GRPO's
-    tepo_full_kl: float = 0.0      # TEPO: GRPO's KL on every token at this coefficient, under its masked one
+    tr_normalise: bool = False     # control (docs/METHODS.md): TR-GRPO's weights of mean 1 per row, as GRPO's
+    tepo_full_kl: float = 0.0      # control: TEPO pays GRPO's KL on every token at this coefficient, too
 
 
 PRESETS = {
@@ -162,10 +161,9 @@ def parse_config(argv=None):
         problems.append(f"--no-cw-detach computes CW-GRPO's weights in each micro-batch from its live "
                         f"log-probs, so --micro-batch {cfg.micro_batch} must be a multiple of {whole} (whole "
                         f"{'batches, --cw-scope batch' if cfg.cw_scope == 'batch' else 'groups'})")
-    if cfg.tr_normalise and cfg.loss != "tr_grpo":
-        problems.append(f"--tr-normalise is a TR-GRPO option; this run's loss is {cfg.loss}")
-    if cfg.tepo_full_kl and cfg.loss != "tepo":
-        problems.append(f"--tepo-full-kl is a TEPO option; this run's loss is {cfg.loss}")
+    if (cfg.tr_normalise and cfg.loss != "tr_grpo") or (cfg.tepo_full_kl and cfg.loss != "tepo"):
+        problems.append(f"--tr-normalise is an option of tr_grpo, --tepo-full-kl of tepo; this run's loss "
+                        f"is {cfg.loss}")
     if cfg.tepo_full_kl < 0 or (cfg.tepo_full_kl > 0 and cfg.beta <= 0):
         problems.append(f"--tepo-full-kl {cfg.tepo_full_kl} must be >= 0, and > 0 only with --beta > 0 "
                         f"(the reference model the KL is measured against; got --beta {cfg.beta})")
@@ -314,10 +312,8 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     if cfg.loss == "cw_grpo":          # the weights of step 4, or with --no-cw-detach from each micro-batch
         kwargs.update(group_size=cfg.group_size, scope=cfg.cw_scope, normalise=cfg.cw_normalise,
                       detach=cfg.cw_detach)
-    if cfg.tr_normalise:               # the controls of docs/METHODS.md; parse_config checks the loss
-        kwargs.update(normalise=True)
-    if cfg.tepo_full_kl:
-        kwargs.update(full_kl_beta=cfg.tepo_full_kl)
+    kwargs.update({"tr_grpo": dict(normalise=cfg.tr_normalise),         # the controls (docs/METHODS.md)
+                   "tepo": dict(full_kl_beta=cfg.tepo_full_kl)}.get(cfg.loss, {}))
     agg = cfg.agg or inspect.signature(loss_fn).parameters["agg"].default
     score, C = training_scorer(cfg), batch.mask.shape[1]
     policy.train()

@@ -95,6 +95,39 @@ def test_compare_skips_finished_runs_and_draws_from_their_logs(tmp_path, monkeyp
     assert not compare.finished(runs[0], steps)
 
 
+def test_compare_resumes_an_interrupted_run_and_starts_the_others(tmp_path, monkeypatch, capsys):
+    """After a crash, the same command goes on: a finished run is skipped, a run with a checkpoint
+    (ckpt/last.pt, written every --ckpt-every steps) gets --resume, and a run not yet begun starts
+    fresh. Several at a time (--jobs) share the CPU threads between them."""
+    steps = train.PRESETS["smol-long"]["steps"]
+    done, stopped, fresh = list(LOSSES)[:3]
+    finished_run(tmp_path, done, 0, steps)
+    half = finished_run(tmp_path, stopped, 0, steps)
+    lines = (half / "metrics.jsonl").read_text().splitlines()[:101]           # stopped at step 100
+    (half / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (half / "ckpt").mkdir()
+    (half / "ckpt" / "last.pt").write_bytes(b"")
+    calls = []
+
+    def fake_run(cmd, **kwargs):                      # what train.py would leave: a finished log
+        calls.append(cmd)
+        run = Path(cmd[cmd.index("--out") + 1])
+        shutil.rmtree(run, ignore_errors=True)
+        finished_run(run.parent, run.name.rsplit("-s", 1)[0], 0, steps)
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(compare.models, "smollm2_dir", lambda: "(not needed)")
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setattr(compare.os, "cpu_count", lambda: 16)
+    assert compare.main(["--preset", "smol-long", "--losses", done, stopped, fresh, "--jobs", "2",
+                         "--out", str(tmp_path), "--", "--cuda-graphs"]) == 0
+    assert f"{done:8s} seed 0: finished before, skipped" in capsys.readouterr().out
+    ran = {Path(c[c.index("--out") + 1]).name: c for c in calls}
+    assert set(ran) == {f"{stopped}-s0", f"{fresh}-s0"}
+    assert ran[f"{stopped}-s0"][-1] == "--resume" and "--resume" not in ran[f"{fresh}-s0"]
+    for cmd in ran.values():
+        assert cmd[cmd.index("--threads") + 1] == "8" and "--cuda-graphs" in cmd
+
+
 def test_compare_exits_with_1_when_a_run_fails_and_draws_the_others(tmp_path, monkeypatch, capsys):
     steps = train.PRESETS["smol-active"]["steps"]
     *fine, broken = LOSSES
@@ -118,7 +151,7 @@ def test_smol_active_is_smol_with_a_kl_term_and_two_updates_per_batch():
 
 
 def test_the_steps_a_run_must_reach_are_the_presets_unless_overridden():
-    """What finished() checks against; gpu_session.sh's collect counts a run's steps the same way."""
+    """What finished() checks against: the preset's steps, or --steps."""
     assert compare.parse_args(["--preset", "smol-long"]).steps_each == 200
     assert compare.parse_args(["--preset", "smol"]).steps_each == 15
     assert compare.parse_args(["--preset", "tiny"]).steps_each == train.Config.steps
@@ -126,9 +159,9 @@ def test_the_steps_a_run_must_reach_are_the_presets_unless_overridden():
 
 
 def test_the_shipped_long_runs_are_whole_and_comparable():
-    """logs/compare-smol-long's runs (made on GPUs, a few a session, so they come in one by one):
-    each reached its last step and every evaluation on the held-out set, each ran smol-long with
-    only its loss and seed (and speed settings: the micro-batch, the gradient the same, and CPU
+    """logs/compare-smol-long's runs (whichever have been made so far, on one GPU): each reached
+    its last step and every evaluation on the held-out set, each ran smol-long with only its loss
+    and seed (and speed settings: the micro-batch, the gradient the same, and CPU
     threads) its own, and what the losses differ in acted: the clip in every block between two
     evaluations that still had a learning signal, and TEPO's KL mask. A block where every group's
     rewards were equal at every step (a run collapsed onto one answer a prompt, as TEPO's seed 0

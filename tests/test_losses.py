@@ -928,9 +928,10 @@ def test_controls_are_exact_under_micro_batching_and_padding(name, options, agg)
         total += loss.item()
     assert total == pytest.approx(full_loss.item(), abs=1e-12)
     assert torch.allclose(x.grad, full_grad, atol=1e-14)
-    pad = lambda t: torch.cat([t.detach(), 30 * torch.randn(12, 3, generator=torch.Generator().manual_seed(1))], 1)
-    padded = loss_and_grad(LOSSES[name], pad(logp), pad(old), pad(ref), adv, torch.cat([mask, torch.zeros(12, 3)], 1),
-                           pad(entropy), **kw)
+    junk = 30 * torch.randn(12, 3, generator=torch.Generator().manual_seed(1))
+    pad = lambda t: torch.cat([t.detach(), junk], 1)
+    padded = loss_and_grad(LOSSES[name], pad(logp), pad(old), pad(ref), adv,
+                           torch.cat([mask, torch.zeros(12, 3)], 1), pad(entropy), **kw)
     assert padded[0].item() == pytest.approx(full_loss.item(), abs=1e-12)
     assert torch.allclose(padded[1][:, :7], full_grad, atol=1e-14) and (padded[1][:, 7:] == 0).all()
 
@@ -944,5 +945,5 @@ def test_gradcheck_controls(agg):
     p = torch.where(torch.rand(4, 5, generator=torch.Generator().manual_seed(2)) < 0.5,
                     torch.full((4, 5), 0.05), torch.full((4, 5), 0.7))
     x = (p + 0.02 * torch.rand(4, 5)).log().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg, normalise=True)[0],
-                                    (x,))
+    f = lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg, normalise=True)[0]
+    assert torch.autograd.gradcheck(f, (x,))

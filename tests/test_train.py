@@ -158,7 +158,8 @@ def test_the_controls_reach_the_loss(tmp_path, warm, monkeypatch):
     means = {}
     for flags in ([], ["--tr-normalise"]):
         out = tmp_path / f"tr{len(flags)}"
-        assert run(["--out", str(out), "--steps", "1", "--loss", "tr_grpo", "--eval-n", "4", *flags], warm) == 0
+        assert run(["--out", str(out), "--steps", "1", "--loss", "tr_grpo", "--eval-n", "4", *flags],
+                   warm) == 0
         means[bool(flags)] = [l for l in read(out / "metrics.jsonl") if "loss" in l][0]["weight_mean"]
     assert means[True] == pytest.approx(1.0, abs=1e-6) and means[False] > 1.0
     seen = []
@@ -166,8 +167,8 @@ def test_the_controls_reach_the_loss(tmp_path, warm, monkeypatch):
     spy = functools.wraps(real)(lambda *a, **k: seen.append(k.get("full_kl_beta")) or real(*a, **k))
     monkeypatch.setitem(LOSSES, "tepo", spy)
     out = tmp_path / "tepo"
-    assert run(["--out", str(out), "--steps", "1", "--loss", "tepo", "--eval-n", "4", "--tepo-full-kl", "0.02"],
-               warm) == 0
+    assert run(["--out", str(out), "--steps", "1", "--loss", "tepo", "--eval-n", "4",
+                "--tepo-full-kl", "0.02"], warm) == 0
     assert seen and set(seen) == {0.02}
 
 
@@ -258,8 +259,8 @@ def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypa
     (["--loss", "cw_grpo", "--no-cw-detach", "--micro-batch", "2"], "multiple of 4 (whole groups)"),
     (["--loss", "cw_grpo", "--no-cw-detach", "--cw-scope", "batch", "--micro-batch", "8"], "multiple of 16"),
     (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
-    (["--loss", "grpo", "--tr-normalise"], "--tr-normalise is a TR-GRPO option"),
-    (["--loss", "tr_grpo", "--tepo-full-kl", "0.04"], "--tepo-full-kl is a TEPO option"),
+    (["--loss", "grpo", "--tr-normalise"], "is an option of tr_grpo, --tepo-full-kl of tepo"),
+    (["--loss", "tr_grpo", "--tepo-full-kl", "0.04"], "is an option of tr_grpo, --tepo-full-kl of tepo"),
     (["--loss", "tepo", "--tepo-full-kl", "0.04", "--beta", "0"], "only with --beta > 0"),
     (["--loss", "tepo", "--tepo-full-kl", "-1"], "must be >= 0"),
 ])
