@@ -417,6 +417,198 @@ def write_pages(runs, out):
     return written
 
 
+# ----------------------------------------------------------------------------------------
+# Table
+
+def spread(values, digits=3):
+    """'mean (min–max)' over seeds; the mean alone for one seed."""
+    if not values:
+        return "–"
+    mean = f"{sum(values) / len(values):.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def summary_table(runs, last=5):
+    """A row per loss: mean and min–max over its seeds. 'At the end' means the mean over the last
+    `last` steps; the gradient norm is before clipping; clip_frac, abs_log_ratio and kl_mask_frac
+    are means over all steps (each step's over every update). The abs_log_ratio and kl_mask_frac
+    columns appear only when some run logged them (kl_mask_frac: TEPO with beta > 0)."""
+    mean = lambda xs: sum(xs) / len(xs)
+    at_end = lambda values: mean(values[-last:])
+    columns = [("entropy at the end", "entropy", at_end), ("grad norm, mean", "grad_norm", mean),
+               ("grad norm, max", "grad_norm", max), ("truncated at the end", "truncated_frac", at_end),
+               ("clip_frac", "clip_frac", mean), ("abs_log_ratio", "abs_log_ratio", mean),
+               ("kl_mask_frac", "kl_mask_frac", mean)]          # (header, metric, reduction over steps)
+
+    def per_run(group, key, f):
+        return [f([x[key] for x in r["train"] if key in x]) for r in group
+                if r["train"] and key in r["train"][0] and not masks_nothing(r, key)]
+
+    columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
+    rows = ["| loss | seeds | held-out acc. | strict acc. | " + " | ".join(c[0] for c in columns) + " |",
+            "|" + "---|" * (4 + len(columns))]
+    for loss, group in by_loss(runs):
+        ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
+        rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
+                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | "
+                    + " | ".join(spread(per_run(group, key, f)) for _, key, f in columns) + " |")
+    starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict"))
+                     for r in runs if r["eval"]}, key=str)
+    start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
+    return "\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
+
+
+def masks_nothing(run, key):
+    """kl_mask_frac of a run with beta = 0 (older logs have it): the mask multiplied nothing."""
+    return key == "kl_mask_frac" and run["config"].get("beta", 1) == 0
+
+
+def final_accuracy(run):
+    """'0.715 (0.635)': the last held-out accuracy, strict in brackets (older logs: none)."""
+    end = run["eval"][-1]
+    strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
+    return f"{end['eval_accuracy']:.3f}{strict}"
+
+
+def per_seed_table(runs):
+    """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column
+    per seed."""
+    seeds = sorted({r["seed"] for r in runs}, key=str)
+    rows = ["| loss | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for loss, group in by_loss(runs):
+        cell = {r["seed"]: final_accuracy(r) for r in group if len(r["eval"]) > 1}
+        rows.append(f"| {loss} | " + " | ".join(cell.get(s, "–") for s in seeds) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def dynamics_table(runs):
+    """Run by run, how a run moved: completion length, the share cut off at the token budget and
+    entropy at the first and the last step; the KL to the reference (median of the last 5 steps:
+    one step can spike); the gradient norm's smoothness, which its mean hides (TR-GRPO's weights
+    of 1-1.4 scale the norm up): its mean step-to-step change over its mean, and its largest
+    value over its median (a spike), both over the steps that updated the model (`moved`); the
+    final held-out accuracy, strict in brackets. A row per loss, its seeds separated by " / "."""
+    seeds = sorted({r["seed"] for r in runs}, key=str)
+
+    def first_last(fmt):
+        return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
+
+    def change(g):
+        return statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g)
+
+    def smoothness(stat):    # over the steps that moved the model; "–" where fewer than two did
+        return lambda g: f"{stat(m):.2f}" if len(m := moved(g)) > 1 else "–"
+    columns = [   # (header, metric, its values over the steps -> the cell)
+        ("completion length, first → last step", "completion_len", first_last(".0f")),
+        ("cut off, first → last", "truncated_frac", first_last(".0%")),
+        ("entropy, first → last", "entropy", first_last(".2f")),
+        ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
+        ("grad norm, step-to-step change / mean", "grad_norm", smoothness(change)),
+        ("grad norm, largest / median", "grad_norm", smoothness(largest_over_median))]
+
+    def logged(r, key):      # at two steps or more; the KL only where there is a reference model
+        beta = r["config"].get("beta", 1)
+        return len(r["train"]) > 1 and key in r["train"][0] and (key != "kl" or beta != 0)
+    columns = [c for c in columns if any(logged(r, c[1]) for r in runs)]    # no reference model: no KL
+    header = [f"loss, seeds {' / '.join(map(str, seeds))}", *(c[0] for c in columns), "held-out (strict)"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for loss, group in by_loss(runs):
+        of_seed = {r["seed"]: r for r in group}
+
+        def cell(f, enough):         # one value per seed; "–" where the run has not logged it (yet)
+            return " / ".join(f(of_seed[s]) if s in of_seed and enough(of_seed[s]) else "–" for s in seeds)
+        cells = [cell(lambda r: f([x[key] for x in r["train"] if key in x]), lambda r: logged(r, key))
+                 for _, key, f in columns]
+        cells.append(cell(final_accuracy, lambda r: len(r["eval"]) > 1))
+        rows.append(f"| {loss} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+AROUND = [("entropy", "Entropy", 3),     # (metric, name, digits): averaged around each evaluation
+          ("truncated_frac", "Share of completions cut off at the token budget", 3),
+          ("completion_len", "Completion length in tokens", 1),
+          ("frac_zero_std", "Share of groups with no learning signal (every reward in the group equal)", 2)]
+
+
+def over_time_table(runs, window=5):
+    """For runs evaluated along the way (--eval-every): held-out accuracy at every evaluation, and
+    the entropy, the share cut off, the completion length and the share of groups with no signal
+    around it (the mean of the `window` training steps up to it; at step 0, the first step's),
+    per loss: mean (min–max) over the seeds that got there. A column per evaluation; a metric
+    no run logged gets no table."""
+    steps = sorted({e["step"] for r in runs for e in r["eval"]})
+    logged = [m for m in AROUND if any(m[0] in x for r in runs for x in r["train"])]
+    rows = {"acc": []} | {key: [] for key, _, _ in logged}
+    for loss, group in by_loss(runs):
+        evals = [{e["step"]: e for e in r["eval"]} for r in group]
+        at = [[by_step.get(step) for by_step in evals] for step in steps]     # [step][seed]
+        acc = [spread([e["eval_accuracy"] for e in seeds if e]) for seeds in at]
+        rows["acc"].append(f"| {loss} | " + " | ".join(acc) + " |")
+        for key, _, digits in logged:
+            cells = []
+            for step, seeds in zip(steps, at):
+                around = [[x[key] for x in r["train"] if step - window < x["step"] <= max(step, 1)
+                           and key in x] for r, e in zip(group, seeds) if e]
+                cells.append(spread([sum(v) / len(v) for v in around if v], digits))
+            rows[key].append(f"| {loss} | " + " | ".join(cells) + " |")
+    header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
+    text = "Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"]) + "\n"
+    for key, name, _ in logged:
+        text += (f"\n{name} around each evaluation (the mean of the {window} steps up to it;"
+                 " at step 0, the first step's):\n\n" + header + "\n".join(rows[key]) + "\n")
+    return text
+
+
+def pick_group(records):
+    """The last stored group whose rewards differ (all-equal rewards mean zero advantages,
+    so every loss would give every token a zero push: nothing to see); else the last one."""
+    mixed = [rec for rec in records if len(set(rec["rewards"])) > 1]
+    return (mixed or records)[-1]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Figures and a table from train.py run directories.")
+    parser.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--out", default="figures", help="where to write the PNGs (and results.md)")
+    parser.add_argument("--smooth", type=float, default=0.8, help="EMA smoothing factor in [0, 1)")
+    parser.add_argument("--table", action="store_true", help="print a markdown table and write results.md")
+    parser.add_argument("--html", action="store_true",
+                        help="only the token viewer: OUT/pages/<run>.html, a page per run (no figures)")
+    args = parser.parse_args(argv)
+    runs = [read_run(d) for d in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.html:
+        for path in write_pages(runs, out):
+            print(f"wrote {path} ({path.stat().st_size // 1024} KB)")
+        return 0
+    trajectory_figures(runs, out, args.smooth)
+    written = [f"{k}.png" for k in PANELS] + ["summary.png"]
+    first = lambda r: (r["loss"] != "grpo", r["seed"] if isinstance(r["seed"], int) else 1e9, str(r["dir"]))
+    for r in sorted(runs, key=first):           # GRPO's lowest seed with stored groups, else the next
+        samples = r["dir"] / "samples.jsonl"
+        if samples.exists() and (records := read_jsonl(samples)):
+            token_figure(pick_group(records), out / "token_weights.png")
+            written.append("token_weights.png")
+            break
+    if args.table:
+        table = (summary_table(runs)
+                 + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
+                 + per_seed_table(runs)
+                 + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"
+                 + "\nand its largest value over its median, over the steps with a gradient):\n\n"
+                 + dynamics_table(runs))
+        if any(len(r["eval"]) > 2 for r in runs):                 # evaluated along the way
+            table += "\n" + over_time_table(runs)
+        (out / "results.md").write_text(table)
+        print(table)
+    print(f"wrote {', '.join(written)} to {out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# The token viewer's page: plain HTML, CSS and JS, filled in by viewer_page() (its data as JSON).
+
 VIEWER_HTML = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -721,195 +913,6 @@ render();
 </script>
 </body></html>
 """
-
-
-# ----------------------------------------------------------------------------------------
-# Table
-
-def spread(values, digits=3):
-    """'mean (min–max)' over seeds; the mean alone for one seed."""
-    if not values:
-        return "–"
-    mean = f"{sum(values) / len(values):.{digits}f}"
-    return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f}–{max(values):.{digits}f})"
-
-
-def summary_table(runs, last=5):
-    """A row per loss: mean and min–max over its seeds. 'At the end' means the mean over the last
-    `last` steps; the gradient norm is before clipping; clip_frac, abs_log_ratio and kl_mask_frac
-    are means over all steps (each step's over every update). The abs_log_ratio and kl_mask_frac
-    columns appear only when some run logged them (kl_mask_frac: TEPO with beta > 0)."""
-    mean = lambda xs: sum(xs) / len(xs)
-    at_end = lambda values: mean(values[-last:])
-    columns = [("entropy at the end", "entropy", at_end), ("grad norm, mean", "grad_norm", mean),
-               ("grad norm, max", "grad_norm", max), ("truncated at the end", "truncated_frac", at_end),
-               ("clip_frac", "clip_frac", mean), ("abs_log_ratio", "abs_log_ratio", mean),
-               ("kl_mask_frac", "kl_mask_frac", mean)]          # (header, metric, reduction over steps)
-
-    def per_run(group, key, f):
-        return [f([x[key] for x in r["train"] if key in x]) for r in group
-                if r["train"] and key in r["train"][0] and not masks_nothing(r, key)]
-
-    columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
-    rows = ["| loss | seeds | held-out acc. | strict acc. | " + " | ".join(c[0] for c in columns) + " |",
-            "|" + "---|" * (4 + len(columns))]
-    for loss, group in by_loss(runs):
-        ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
-        rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
-                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | "
-                    + " | ".join(spread(per_run(group, key, f)) for _, key, f in columns) + " |")
-    starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict"))
-                     for r in runs if r["eval"]}, key=str)
-    start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
-    return "\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
-
-
-def masks_nothing(run, key):
-    """kl_mask_frac of a run with beta = 0 (older logs have it): the mask multiplied nothing."""
-    return key == "kl_mask_frac" and run["config"].get("beta", 1) == 0
-
-
-def final_accuracy(run):
-    """'0.715 (0.635)': the last held-out accuracy, strict in brackets (older logs: none)."""
-    end = run["eval"][-1]
-    strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
-    return f"{end['eval_accuracy']:.3f}{strict}"
-
-
-def per_seed_table(runs):
-    """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column
-    per seed."""
-    seeds = sorted({r["seed"] for r in runs}, key=str)
-    rows = ["| loss | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
-    for loss, group in by_loss(runs):
-        cell = {r["seed"]: final_accuracy(r) for r in group if len(r["eval"]) > 1}
-        rows.append(f"| {loss} | " + " | ".join(cell.get(s, "–") for s in seeds) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def dynamics_table(runs):
-    """Run by run, how a run moved: completion length, the share cut off at the token budget and
-    entropy at the first and the last step; the KL to the reference (median of the last 5 steps:
-    one step can spike); the gradient norm's smoothness, which its mean hides (TR-GRPO's weights
-    of 1-1.4 scale the norm up): its mean step-to-step change over its mean, and its largest
-    value over its median (a spike), both over the steps that updated the model (`moved`); the
-    final held-out accuracy, strict in brackets. A row per loss, its seeds separated by " / "."""
-    seeds = sorted({r["seed"] for r in runs}, key=str)
-
-    def first_last(fmt):
-        return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
-
-    def change(g):
-        return statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g)
-
-    def smoothness(stat):    # over the steps that moved the model; "–" where fewer than two did
-        return lambda g: f"{stat(m):.2f}" if len(m := moved(g)) > 1 else "–"
-    columns = [   # (header, metric, its values over the steps -> the cell)
-        ("completion length, first → last step", "completion_len", first_last(".0f")),
-        ("cut off, first → last", "truncated_frac", first_last(".0%")),
-        ("entropy, first → last", "entropy", first_last(".2f")),
-        ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
-        ("grad norm, step-to-step change / mean", "grad_norm", smoothness(change)),
-        ("grad norm, largest / median", "grad_norm", smoothness(largest_over_median))]
-
-    def logged(r, key):      # at two steps or more; the KL only where there is a reference model
-        beta = r["config"].get("beta", 1)
-        return len(r["train"]) > 1 and key in r["train"][0] and (key != "kl" or beta != 0)
-    columns = [c for c in columns if any(logged(r, c[1]) for r in runs)]    # no reference model: no KL
-    header = [f"loss, seeds {' / '.join(map(str, seeds))}", *(c[0] for c in columns), "held-out (strict)"]
-    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for loss, group in by_loss(runs):
-        of_seed = {r["seed"]: r for r in group}
-
-        def cell(f, enough):         # one value per seed; "–" where the run has not logged it (yet)
-            return " / ".join(f(of_seed[s]) if s in of_seed and enough(of_seed[s]) else "–" for s in seeds)
-        cells = [cell(lambda r: f([x[key] for x in r["train"] if key in x]), lambda r: logged(r, key))
-                 for _, key, f in columns]
-        cells.append(cell(final_accuracy, lambda r: len(r["eval"]) > 1))
-        rows.append(f"| {loss} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-AROUND = [("entropy", "Entropy", 3),     # (metric, name, digits): averaged around each evaluation
-          ("truncated_frac", "Share of completions cut off at the token budget", 3),
-          ("completion_len", "Completion length in tokens", 1),
-          ("frac_zero_std", "Share of groups with no learning signal (every reward in the group equal)", 2)]
-
-
-def over_time_table(runs, window=5):
-    """For runs evaluated along the way (--eval-every): held-out accuracy at every evaluation, and
-    the entropy, the share cut off, the completion length and the share of groups with no signal
-    around it (the mean of the `window` training steps up to it; at step 0, the first step's),
-    per loss: mean (min–max) over the seeds that got there. A column per evaluation; a metric
-    no run logged gets no table."""
-    steps = sorted({e["step"] for r in runs for e in r["eval"]})
-    logged = [m for m in AROUND if any(m[0] in x for r in runs for x in r["train"])]
-    rows = {"acc": []} | {key: [] for key, _, _ in logged}
-    for loss, group in by_loss(runs):
-        evals = [{e["step"]: e for e in r["eval"]} for r in group]
-        at = [[by_step.get(step) for by_step in evals] for step in steps]     # [step][seed]
-        acc = [spread([e["eval_accuracy"] for e in seeds if e]) for seeds in at]
-        rows["acc"].append(f"| {loss} | " + " | ".join(acc) + " |")
-        for key, _, digits in logged:
-            cells = []
-            for step, seeds in zip(steps, at):
-                around = [[x[key] for x in r["train"] if step - window < x["step"] <= max(step, 1)
-                           and key in x] for r, e in zip(group, seeds) if e]
-                cells.append(spread([sum(v) / len(v) for v in around if v], digits))
-            rows[key].append(f"| {loss} | " + " | ".join(cells) + " |")
-    header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
-    text = "Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"]) + "\n"
-    for key, name, _ in logged:
-        text += (f"\n{name} around each evaluation (the mean of the {window} steps up to it;"
-                 " at step 0, the first step's):\n\n" + header + "\n".join(rows[key]) + "\n")
-    return text
-
-
-def pick_group(records):
-    """The last stored group whose rewards differ (all-equal rewards mean zero advantages,
-    so every loss would give every token a zero push: nothing to see); else the last one."""
-    mixed = [rec for rec in records if len(set(rec["rewards"])) > 1]
-    return (mixed or records)[-1]
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Figures and a table from train.py run directories.")
-    parser.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
-    parser.add_argument("--out", default="figures", help="where to write the PNGs (and results.md)")
-    parser.add_argument("--smooth", type=float, default=0.8, help="EMA smoothing factor in [0, 1)")
-    parser.add_argument("--table", action="store_true", help="print a markdown table and write results.md")
-    parser.add_argument("--html", action="store_true",
-                        help="only the token viewer: OUT/pages/<run>.html, a page per run (no figures)")
-    args = parser.parse_args(argv)
-    runs = [read_run(d) for d in args.runs]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.html:
-        for path in write_pages(runs, out):
-            print(f"wrote {path} ({path.stat().st_size // 1024} KB)")
-        return 0
-    trajectory_figures(runs, out, args.smooth)
-    written = [f"{k}.png" for k in PANELS] + ["summary.png"]
-    first = lambda r: (r["loss"] != "grpo", r["seed"] if isinstance(r["seed"], int) else 1e9, str(r["dir"]))
-    for r in sorted(runs, key=first):           # GRPO's lowest seed with stored groups, else the next
-        samples = r["dir"] / "samples.jsonl"
-        if samples.exists() and (records := read_jsonl(samples)):
-            token_figure(pick_group(records), out / "token_weights.png")
-            written.append("token_weights.png")
-            break
-    if args.table:
-        table = (summary_table(runs)
-                 + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
-                 + per_seed_table(runs)
-                 + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"
-                 + "\nand its largest value over its median, over the steps with a gradient):\n\n"
-                 + dynamics_table(runs))
-        if any(len(r["eval"]) > 2 for r in runs):                 # evaluated along the way
-            table += "\n" + over_time_table(runs)
-        (out / "results.md").write_text(table)
-        print(table)
-    print(f"wrote {', '.join(written)} to {out}")
-    return 0
 
 
 if __name__ == "__main__":
