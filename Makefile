@@ -55,6 +55,9 @@ figures: setup
 	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
 	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table
 	$(PYTHON) plots.py logs/compare-smol-long/*-s*/ --out docs/figures/long --table
+	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ logs/compare-smol-active-controls/*-s*/ \
+	    --out docs/figures/controls --table
+	$(PYTHON) plots.py logs/compare-tiny/*-s*/ --out docs/figures/tiny --table
 	$(PYTHON) plots.py logs/compare-smol/*-s0/ --out docs/figures --html
 	$(PYTHON) plots.py logs/compare-smol-active/*-s0/ --out docs/figures/active --html
 	$(PYTHON) plots.py logs/compare-smol-long/*-s0/ --out docs/figures/long --html

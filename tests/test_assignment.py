@@ -112,7 +112,7 @@ def test_student_copy_has_no_history_no_hidden_tests_and_no_solutions(copy):
 
 
 def test_files_without_parts_are_copied_unchanged(copy):
-    for name in ("data.py", "docs/summary.png", "tests/graded/test_aggregation.py",
+    for name in ("data.py", "docs/figures/tiny/summary.png", "tests/graded/test_aggregation.py",
                  "tests/fixtures/tiny_gsm8k.jsonl"):
         assert (copy / name).read_bytes() == (ROOT / name).read_bytes(), name
 

@@ -170,9 +170,10 @@ def test_dynamics_table_by_hand(tmp_path):
         "| loss, seeds 0 / 1 | cut off, first → last | entropy, first → last | KL at the end "
         "| grad norm, step-to-step change / mean | grad norm, largest / median | held-out (strict) |",
         "|---|---|---|---|---|---|---|",
-        "| grpo | 0% → 0% / 10% → 10% | 0.99 → 0.88 / 0.98 → 0.76 | 0.01 / 0.01 | 0.91 / 0.91 | 1.67 / 1.67 "
-        "| 0.300 (0.100) / 0.400 (0.200) |",
-        "| tepo | 0% → 0% / – | 0.99 → 0.88 / – | – / – | 0.91 / – | 1.67 / – | 0.300 (0.100) / – |"]
+        "| grpo | 0% → 0% / 10% → 10% | 0.99 → 0.88 / 0.98 → 0.76 | 0.01 / 0.01 | 0.91 / 0.91 "
+        "| 1.67 / 1.67 | 0.300 (0.100) / 0.400 (0.200) |",
+        "| tepo | 0% → 0% / – | 0.99 → 0.88 / – | – / – | 0.91 / – | 1.67 / – "
+        "| 0.300 (0.100) / – |"]
 
 
 def test_a_step_fp16_skipped_has_no_gradient_norm(tmp_path):
@@ -292,21 +293,30 @@ def test_token_figure_uses_the_last_group_with_mixed_rewards():
 
 
 
-@pytest.mark.parametrize("logs, figures, whole, over_time",   # over_time: evaluated every 25 steps
-                         [("compare-smol", "figures", True, False),
-                          ("compare-smol-active", "figures/active", True, False),
-                          ("compare-smol-long", "figures/long", False, True)])
+CONTROLS = ("grpo-beta0", "tepo-fullkl", "tr_grpo-mean1")       # compare.CONTROLS, without importing train
+
+
+@pytest.mark.parametrize("logs, figures, whole, over_time", [   # over_time: evaluated every 25 steps
+    (["compare-smol"], "figures", (LOSSES, (0, 1, 2)), False),
+    (["compare-smol-active"], "figures/active", (LOSSES, (0, 1, 2)), False),
+    (["compare-smol-long"], "figures/long", None, True),
+    (["compare-tiny"], "figures/tiny", (LOSSES, (0, 1)), True),
+    (["compare-smol-active", "compare-smol-active-controls"], "figures/controls", None, False)])
 def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures, whole, over_time):
     """`make figures` redraws the README's figures and tables from logs/ alone; each table it
     writes is in docs/results.md (the summary table of the common setting in the README instead;
-    every run's final accuracy, the run-by-run dynamics and, for compare-smol-long, evaluated every
-    25 steps, the tables over time) whole: header, separator, rows, in order. Neither can drift
+    every run's final accuracy, the run-by-run dynamics and, for the settings evaluated every 25
+    steps, the tables over time) whole: header, separator, rows, in order. Neither can drift
     from the logs: a number edited by hand goes red, and so does a run added without redrawing.
-    The 15-step settings ship all twelve runs; the 200-step one, whatever runs it has so far."""
+    The 15-step settings and the tiny one ship all their runs; the 200-step one and the controls,
+    whichever runs they have so far (the controls beside the twelve smol-active runs)."""
     repo = Path(__file__).resolve().parents[1]
-    runs = sorted(p for p in (repo / "logs" / logs).glob("*-s*") if p.is_dir())
+    runs = [p for d in logs for p in sorted((repo / "logs" / d).glob("*-s*")) if p.is_dir()]  # make's order
     if whole:
-        assert {r.name for r in runs} == {f"{loss}-s{seed}" for loss in LOSSES for seed in (0, 1, 2)}
+        names, seeds = whole
+        assert {r.name for r in runs} == {f"{loss}-s{seed}" for loss in names for seed in seeds}
+    if logs[-1] == "compare-smol-active-controls":
+        assert {r.name.rsplit("-s", 1)[0] for r in runs} == set(LOSSES) | set(CONTROLS)
     elif not runs:
         pytest.skip("no long runs shipped yet")
     for run in runs:
@@ -318,7 +328,7 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     tables = re.findall(r"(?m)(?:^\|.*\n)+", written)
     losses = {r.name.rsplit("-s", 1)[0] for r in runs}
     assert [len(t.splitlines()) for t in tables] == [2 + len(losses)] * (3 + 5 * over_time)
-    summary, where = (readme, "README") if logs == "compare-smol" else (results, "docs/results.md")
+    summary, where = (readme, "README") if logs == ["compare-smol"] else (results, "docs/results.md")
     assert tables[0] in summary, f"{where} table != make figures:\n" + tables[0]
     for table in tables[1:]:
         assert table in results, "docs/results.md table != make figures:\n" + table
