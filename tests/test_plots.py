@@ -315,8 +315,8 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     if whole:
         names, seeds = whole
         assert {r.name for r in runs} == {f"{loss}-s{seed}" for loss in names for seed in seeds}
-    if logs[-1] == "compare-smol-active-controls":
-        assert {r.name.rsplit("-s", 1)[0] for r in runs} == set(LOSSES) | set(CONTROLS)
+    if logs[-1] == "compare-smol-active-controls":          # the twelve, and whichever controls ran
+        assert set(LOSSES) < {r.name.rsplit("-s", 1)[0] for r in runs} <= set(LOSSES) | set(CONTROLS)
     elif not runs:
         pytest.skip("no long runs shipped yet")
     for run in runs:
