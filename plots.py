@@ -138,7 +138,9 @@ def draw_metric(ax, runs, key, smooth):
     raw = []
     for loss, group in by_loss(runs):
         color = COLORS.get(group[0]["loss"], "gray")
-        style = "-" if loss == group[0]["loss"] else "--"               # a control: dashed
+        control = variant(group[0]) != group[0]["loss"] or (loss != group[0]["loss"]
+                                                            and group[0]["config"].get("beta") == 0)
+        style = "--" if control else "-"              # a control (the KL-free run among others): dashed
         series = []
         for r in group:
             rows = r["eval"] if key == "eval_accuracy" else r["train"]

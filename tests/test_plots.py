@@ -357,5 +357,7 @@ def test_the_controls_are_told_apart_from_the_losses(tmp_path):
     bold = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
     assert bold["tepo + full KL (1 seed)"].get_linestyle() == "--"
     assert bold["tepo (1 seed)"].get_linestyle() == "-"
+    assert bold["grpo β=0 (1 seed)"].get_linestyle() == "--"                  # the KL-free control
+    assert bold["grpo β=0.04 (1 seed)"].get_linestyle() == "-"
     assert bold["tepo + full KL (1 seed)"].get_color() == plots.COLORS["tepo"]
     plt.close(fig)
