@@ -312,8 +312,8 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     if cfg.loss == "cw_grpo":          # the weights of step 4, or with --no-cw-detach from each micro-batch
         kwargs.update(group_size=cfg.group_size, scope=cfg.cw_scope, normalise=cfg.cw_normalise,
                       detach=cfg.cw_detach)
-    kwargs.update({"tr_grpo": dict(normalise=cfg.tr_normalise),         # the controls (docs/METHODS.md)
-                   "tepo": dict(full_kl_beta=cfg.tepo_full_kl)}.get(cfg.loss, {}))
+    controls = {"normalise": cfg.tr_normalise, "full_kl_beta": cfg.tepo_full_kl}    # docs/METHODS.md
+    kwargs.update({k: v for k, v in controls.items() if v})    # only those on (parse_config checks the loss)
     agg = cfg.agg or inspect.signature(loss_fn).parameters["agg"].default
     score, C = training_scorer(cfg), batch.mask.shape[1]
     policy.train()
