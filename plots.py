@@ -192,19 +192,22 @@ def trajectory_figures(runs, out, smooth):
 # ----------------------------------------------------------------------------------------
 # Token weights: the same stored tokens, weighted by each loss
 
-def token_weights(sample, dtype=torch.float32):
+def token_weights(sample, dtype=torch.float32, tr_normalise=False):
     """Per-token weights (and TEPO's KL mask) the four losses give a stored group,
     recomputed with losses.LOSSES on its log-probs, entropies and advantages. beta = 0: no
-    reference log-probs are stored, and the weights do not depend on them. The token viewer
-    asks for float64: its rounded numbers are then the same on every CPU (float32 sums may
-    differ in the last bit between vector widths); the KL mask is the same in either dtype."""
+    reference log-probs are stored, and the weights do not depend on them (nor on TEPO's
+    --tepo-full-kl control). tr_normalise: TR-GRPO's weights as its --tr-normalise control
+    computes them (mean 1 per answer), for a page of such a run. The token viewer asks for
+    float64: its rounded numbers are then the same on every CPU (float32 sums may differ in the
+    last bit between vector widths); the KL mask is the same in either dtype."""
     logp = torch.tensor(sample["logp"], dtype=dtype)
     mask = torch.tensor(sample["mask"], dtype=dtype)
     entropy = torch.tensor(sample["entropy"], dtype=dtype)
     adv = torch.tensor(sample["advantages"], dtype=dtype)
     out = {}
     for name, fn in LOSSES.items():
-        _, info = fn(logp, logp, None, adv, mask, entropy, beta=0.0)
+        control = {"normalise": True} if name == "tr_grpo" and tr_normalise else {}
+        _, info = fn(logp, logp, None, adv, mask, entropy, beta=0.0, **control)
         out[name] = (info["weights"], info.get("kl_mask", torch.zeros_like(mask)))
     return out
 
@@ -213,8 +216,8 @@ def show(token):
     return token.replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍") or "∅"
 
 
-def token_figure(sample, path, max_chars=48):
-    weights = token_weights(sample)
+def token_figure(sample, path, max_chars=48, tr_normalise=False):
+    weights = token_weights(sample, tr_normalise=tr_normalise)
     rewards = sample["rewards"]
     best = max(range(len(rewards)), key=lambda i: rewards[i])
     worst = min(range(len(rewards)), key=lambda i: rewards[i])
@@ -312,11 +315,11 @@ def rounded(x, digits=4):
     return int(x) if x.is_integer() and abs(x) < 1e15 else x
 
 
-def page_group(sample):
+def page_group(sample, tr_normalise=False):
     """One stored group as the page holds it: per answer its reward, advantage and valid tokens
     (the padding after the first EOS is left out), each with its log-prob, entropy, the four
     losses' weights and TEPO's KL mask, from token_weights(), rounded."""
-    weights = token_weights(sample, dtype=torch.float64)
+    weights = token_weights(sample, dtype=torch.float64, tr_normalise=tr_normalise)
     rows = []
     for i, tokens in enumerate(sample["tokens"]):
         keep = [j for j, m in enumerate(sample["mask"][i]) if m]
@@ -358,7 +361,8 @@ def curve_svg(points, title, smin, smax, width=372, height=74):
 
 def viewer_data(run, records):
     """Everything the page shows of a run, as one JSON-able dict."""
-    groups = [page_group(rec) for rec in records]
+    cfg = run["config"]
+    groups = [page_group(rec, bool(cfg.get("tr_normalise"))) for rec in records]
     valid = [v for g in groups for row in g["rows"] for name in ORDER for v in row["w"][name]
              if v is not None]
     norm = [min(0.0, min(valid, default=0.0)), 1.0, max(1.5, max(valid, default=1.5))]     # as the figure's
@@ -367,10 +371,13 @@ def viewer_data(run, records):
         "entropy": {"stops": colour_stops("YlOrRd", 0.0, 0.85), "domain": [0.0, 2.0]},
         "prob": {"stops": colour_stops("BuPu", 0.0, 0.85)[::-1], "domain": [0.0, 1.0]},
         "kl": {"stops": ["#f2f2f2", "#c44e52"], "domain": [0, 1]}}
-    cfg = run["config"]
+    modes = list(VIEW_MODES)
+    if cfg.get("tr_normalise"):                 # the control's own weights, as token_weights() gives them
+        k, label, about = modes[1]
+        modes[1] = (k, label + " (mean 1)", about + " This run's control (--tr-normalise) divides them by "
+                    "their mean over the answer's tokens, so some count less than 1x.")
     return {"run": run["dir"].name, "loss": run["loss"], "seed": run["seed"], "beta": cfg.get("beta"),
-            "modes": [{"key": k, "label": label, "about": about, **scales[k]}
-                      for k, label, about in VIEW_MODES],
+            "modes": [{"key": k, "label": label, "about": about, **scales[k]} for k, label, about in modes],
             "groups": groups}
 
 
@@ -590,7 +597,8 @@ def main(argv=None):
     for r in sorted(runs, key=first):           # GRPO's lowest seed with stored groups, else the next
         samples = r["dir"] / "samples.jsonl"
         if samples.exists() and (records := read_jsonl(samples)):
-            token_figure(pick_group(records), out / "token_weights.png")
+            token_figure(pick_group(records), out / "token_weights.png",
+                         tr_normalise=bool(r["config"].get("tr_normalise")))
             written.append("token_weights.png")
             break
     if args.table:

@@ -29,11 +29,12 @@ SAMPLE = {"step": 3, "prompt": "Q: 7 + 5 < 13 & </script><script>alert(2)</scrip
           "advantages": [1.15, -0.6, -0.55], "rewards": [1.1, 0.0, 0.1]}
 
 
-def make_run(root, name="tepo-s0", samples=(SAMPLE,)):
+def make_run(root, name="tepo-s0", samples=(SAMPLE,), **config):
     """A run directory with a config, a few metrics and `samples` as samples.jsonl."""
     run = root / name
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"loss": "tepo", "seed": 0, "beta": 0.04, "group_size": 3}))
+    config = {"loss": "tepo", "seed": 0, "beta": 0.04, "group_size": 3} | config
+    (run / "config.json").write_text(json.dumps(config))
     lines = [{"step": 0, "eval_accuracy": 0.2}] + [
         {"step": s, "loss": 0.1, "reward": 0.1 * s, "entropy": 1 - 0.1 * s} for s in (1, 2, 3)] + [
         {"step": 3, "eval_accuracy": 0.4}]
@@ -82,6 +83,31 @@ def test_the_page_holds_token_weights_numbers(tmp_path):
         assert row["kl"] == exact["tepo"][1][i, :n].tolist() == figure["tepo"][1][i, :n].tolist()
     assert any(group["rows"][0]["kl"]) and not any(group["rows"][1]["kl"])     # A > 0 only
     assert len(set(group["rows"][0]["w"]["tr_grpo"])) > 1                      # something to see
+
+
+def test_a_control_runs_page_shows_its_own_tr_grpo_weights(tmp_path):
+    """A page of a --tr-normalise run colours TR-GRPO's tokens by the weights that run trained with
+    (mean 1 over each answer's tokens, some below 1) and says so; the default run's page keeps the
+    paper's weights (never below 1); the other losses' weights are the same on both pages."""
+    default = page_data(write_page(tmp_path / "a", name="tr_grpo-s0", loss="tr_grpo").read_text(encoding="utf-8"))
+    control = page_data(write_page(tmp_path / "b", name="tr_grpo-mean1-s0", loss="tr_grpo",
+                                   tr_normalise=True).read_text(encoding="utf-8"))
+    exact = plots.token_weights(SAMPLE, dtype=torch.float64, tr_normalise=True)
+    t = {k: torch.tensor(SAMPLE[k], dtype=torch.float64) for k in ("logp", "mask", "entropy", "advantages")}
+    _, info = LOSSES["tr_grpo"](t["logp"], t["logp"], None, t["advantages"], t["mask"], t["entropy"],
+                                beta=0.0, normalise=True)
+    assert torch.equal(exact["tr_grpo"][0], info["weights"])
+    for i, (d, c) in enumerate(zip(default["groups"][0]["rows"], control["groups"][0]["rows"])):
+        n = sum(MASK[i])
+        assert c["w"]["tr_grpo"] == [plots.rounded(x) for x in exact["tr_grpo"][0][i, :n].tolist()]
+        assert sum(c["w"]["tr_grpo"]) / n == pytest.approx(1.0, abs=1e-3)
+        assert min(d["w"]["tr_grpo"]) >= 1.0 and c["w"]["tr_grpo"] != d["w"]["tr_grpo"]
+        assert {k: v for k, v in c["w"].items() if k != "tr_grpo"} == {k: v for k, v in d["w"].items()
+                                                                      if k != "tr_grpo"}
+    assert min(min(row["w"]["tr_grpo"]) for row in control["groups"][0]["rows"]) < 1.0
+    label = {m["key"]: m["label"] for m in control["modes"]}["tr_grpo"]
+    assert label == "TR-GRPO weight (mean 1)"
+    assert {m["key"]: m["label"] for m in default["modes"]}["tr_grpo"] == "TR-GRPO weight"
 
 
 def test_the_same_logs_give_the_same_bytes(tmp_path):
