@@ -89,7 +89,8 @@ def test_a_control_runs_page_shows_its_own_tr_grpo_weights(tmp_path):
     """A page of a --tr-normalise run colours TR-GRPO's tokens by the weights that run trained with
     (mean 1 over each answer's tokens, some below 1) and says so; the default run's page keeps the
     paper's weights (never below 1); the other losses' weights are the same on both pages."""
-    default = page_data(write_page(tmp_path / "a", name="tr_grpo-s0", loss="tr_grpo").read_text(encoding="utf-8"))
+    default = page_data(write_page(tmp_path / "a", name="tr_grpo-s0", loss="tr_grpo")
+                        .read_text(encoding="utf-8"))
     control = page_data(write_page(tmp_path / "b", name="tr_grpo-mean1-s0", loss="tr_grpo",
                                    tr_normalise=True).read_text(encoding="utf-8"))
     exact = plots.token_weights(SAMPLE, dtype=torch.float64, tr_normalise=True)
