@@ -362,7 +362,8 @@ def curve_svg(points, title, smin, smax, width=372, height=74):
 def viewer_data(run, records):
     """Everything the page shows of a run, as one JSON-able dict."""
     cfg = run["config"]
-    groups = [page_group(rec, bool(cfg.get("tr_normalise"))) for rec in records]
+    mean1 = bool(cfg.get("tr_normalise"))       # a --tr-normalise control: its own weights, and says so
+    groups = [page_group(rec, mean1) for rec in records]
     valid = [v for g in groups for row in g["rows"] for name in ORDER for v in row["w"][name]
              if v is not None]
     norm = [min(0.0, min(valid, default=0.0)), 1.0, max(1.5, max(valid, default=1.5))]     # as the figure's
@@ -371,11 +372,9 @@ def viewer_data(run, records):
         "entropy": {"stops": colour_stops("YlOrRd", 0.0, 0.85), "domain": [0.0, 2.0]},
         "prob": {"stops": colour_stops("BuPu", 0.0, 0.85)[::-1], "domain": [0.0, 1.0]},
         "kl": {"stops": ["#f2f2f2", "#c44e52"], "domain": [0, 1]}}
-    modes = list(VIEW_MODES)
-    if cfg.get("tr_normalise"):                 # the control's own weights, as token_weights() gives them
-        k, label, about = modes[1]
-        modes[1] = (k, label + " (mean 1)", about + " This run's control (--tr-normalise) divides them by "
-                    "their mean over the answer's tokens, so some count less than 1x.")
+    modes = [(k, label + " (mean 1)", about + " This run's control (--tr-normalise) divides them by their "
+              "mean over the answer's tokens, so some count less than 1x.") if k == "tr_grpo" and mean1
+             else (k, label, about) for k, label, about in VIEW_MODES]
     return {"run": run["dir"].name, "loss": run["loss"], "seed": run["seed"], "beta": cfg.get("beta"),
             "modes": [{"key": k, "label": label, "about": about, **scales[k]} for k, label, about in modes],
             "groups": groups}

@@ -56,6 +56,13 @@ def write_page(tmp_path, **kw):
     return tmp_path / "out" / "pages" / f"{run.name}.html"
 
 
+def losses_own(name, **control):
+    """LOSSES[name]'s own info (weights, TEPO's KL mask) on SAMPLE in float64, as the viewer calls it."""
+    t = {k: torch.tensor(SAMPLE[k], dtype=torch.float64) for k in ("logp", "mask", "entropy", "advantages")}
+    return LOSSES[name](t["logp"], t["logp"], None, t["advantages"], t["mask"], t["entropy"], beta=0.0,
+                        **control)[1]
+
+
 def test_the_page_holds_token_weights_numbers(tmp_path):
     """Every number the page colours a token by is token_weights()'s for that token (float64,
     rounded to 4 significant digits; within that rounding of the float32 figure's), and the KL mask
@@ -64,9 +71,8 @@ def test_the_page_holds_token_weights_numbers(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == ["tepo-s0.html"]  # no PNG
     group = page_data(page.read_text(encoding="utf-8"))["groups"][0]
     exact, figure = plots.token_weights(SAMPLE, dtype=torch.float64), plots.token_weights(SAMPLE)
-    t = {k: torch.tensor(SAMPLE[k], dtype=torch.float64) for k in ("logp", "mask", "entropy", "advantages")}
-    for name, fn in LOSSES.items():               # token_weights() is the losses' own weights
-        _, info = fn(t["logp"], t["logp"], None, t["advantages"], t["mask"], t["entropy"], beta=0.0)
+    for name in LOSSES:                           # token_weights() is the losses' own weights
+        info = losses_own(name)
         assert torch.equal(exact[name][0], info["weights"])
     assert torch.equal(exact["tepo"][1], info["kl_mask"])
     assert group["step"] == 3 and group["prompt"] == SAMPLE["prompt"]
@@ -94,10 +100,7 @@ def test_a_control_runs_page_shows_its_own_tr_grpo_weights(tmp_path):
     control = page_data(write_page(tmp_path / "b", name="tr_grpo-mean1-s0", loss="tr_grpo",
                                    tr_normalise=True).read_text(encoding="utf-8"))
     exact = plots.token_weights(SAMPLE, dtype=torch.float64, tr_normalise=True)
-    t = {k: torch.tensor(SAMPLE[k], dtype=torch.float64) for k in ("logp", "mask", "entropy", "advantages")}
-    _, info = LOSSES["tr_grpo"](t["logp"], t["logp"], None, t["advantages"], t["mask"], t["entropy"],
-                                beta=0.0, normalise=True)
-    assert torch.equal(exact["tr_grpo"][0], info["weights"])
+    assert torch.equal(exact["tr_grpo"][0], losses_own("tr_grpo", normalise=True)["weights"])
     for i, (d, c) in enumerate(zip(default["groups"][0]["rows"], control["groups"][0]["rows"])):
         n = sum(MASK[i])
         assert c["w"]["tr_grpo"] == [plots.rounded(x) for x in exact["tr_grpo"][0][i, :n].tolist()]
