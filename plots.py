@@ -269,6 +269,7 @@ def token_figure(sample, path, max_chars=48, tr_normalise=False):
     for name in ORDER:
         w = weights[name][0]
         label = f"{name} (always 1)" if name in ("grpo", "tepo") else name
+        label += " (mean 1)" if name == "tr_grpo" and tr_normalise else ""
         ax.scatter(p[valid], w[valid], s=10, alpha=0.6, color=COLORS[name], label=label)
     ax.set_xlabel("token probability p under the sampling policy")
     ax.set_ylabel("weight the loss gives the token")

@@ -105,6 +105,21 @@ def test_special_characters_render(tmp_path):
     assert plots.show("\n") == "⏎" and plots.show("") == "∅"
 
 
+@pytest.mark.parametrize("tr_normalise, label", [(False, "tr_grpo"), (True, "tr_grpo (mean 1)")])
+def test_token_figure_says_which_tr_grpo_weights_it_draws(tmp_path, monkeypatch, tr_normalise, label):
+    """The figure of a --tr-normalise run draws that control's mean-1 weights and says so in its legend."""
+    figures, close = [], plots.plt.close
+    monkeypatch.setattr(plots.plt, "close", figures.append)     # keep the figure to read it back
+    plots.token_figure(SAMPLE, tmp_path / "t.png", tr_normalise=tr_normalise)
+    legend = [t.get_text() for ax in figures[0].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert legend == ["grpo (always 1)", label, "cw_grpo", "tepo (always 1)"]
+    drawn = next(c for ax in figures[0].axes for c in ax.collections if c.get_label() == label)
+    expected = plots.token_weights(SAMPLE, tr_normalise=tr_normalise)["tr_grpo"][0]
+    assert drawn.get_offsets()[:, 1].tolist() == pytest.approx(
+        expected[torch.tensor(SAMPLE["mask"]) > 0].tolist())
+    close(figures[0])
+
+
 def test_table_numbers(tmp_path):
     runs = [plots.read_run(make_run(tmp_path, "grpo", s)) for s in (0, 1)]
     table = plots.summary_table(runs)
