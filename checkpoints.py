@@ -20,7 +20,8 @@ from sampling import generation_config
 
 # Fields that may differ when resuming (everything else must match the checkpoint's config).
 RESUMABLE = {"resume", "steps", "eval_every", "eval_n", "eval_batch", "sample_every", "ckpt_every",
-             "device", "threads", "out", "micro_batch", "warmup_only", "share_prompts"}
+             "device", "threads", "out", "micro_batch", "warmup_only", "share_prompts", "pass_k", "pass_n",
+             "machine"}
 
 
 def prepare_run_dir(cfg):
@@ -35,6 +36,17 @@ def prepare_run_dir(cfg):
         raise SystemExit(f"error: --resume but there is no checkpoint at {run}/ckpt/last.pt")
     run.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def write_config(run, cfg, start, machine):
+    """config.json: the resolved config, and under "machine" the machines the run ran on: an entry
+    (with the step it went on from) each time it starts on a machine unlike the last one's."""
+    path, history = run / "config.json", []
+    if start and path.exists():
+        history = json.loads(path.read_text()).get("machine", [])
+    if not history or {k: v for k, v in history[-1].items() if k != "from_step"} != machine:
+        history.append({**machine, "from_step": start})
+    path.write_text(json.dumps({**dataclasses.asdict(cfg), "machine": history}, indent=2))
 
 
 def config_changes(saved, cfg):

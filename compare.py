@@ -14,9 +14,11 @@
     python compare.py --preset smol-long --seeds 0 1 2 -- --cuda-graphs --micro-batch 128
     # the three controls of our readings (docs/METHODS.md) instead of the four losses
     python compare.py --preset smol-active --seeds 0 1 2 --controls
+    # every arm (4 losses, 3 controls, 3 other readings), every arm of a seed before the next seed
+    python compare.py --preset smol-active --seeds 0 1 2 3 4 --arms all
 
 Runs ``train.py --preset <tiny|smol|smol-active|smol-long>`` for every loss (or, with
-``--controls``, every control in CONTROLS) and seed (in parallel,
+``--controls``/``--arms``, every control or arm in ARMS) and seed (in parallel,
 splitting the CPU threads between jobs), then ``plots.py --table`` on all of them. Outputs go
 to ``<out>/<loss>-s<seed>/`` and ``<out>/figures/``; each run's console output is in
 ``<out>/<loss>-s<seed>.log``. Extra arguments after ``--`` are passed to every train.py run.
@@ -39,13 +41,20 @@ from losses import LOSSES
 
 HERE = Path(__file__).resolve().parent
 
-# The controls (docs/METHODS.md, "Controls"): name -> (loss, train.py flags), run as <name>-s<seed>.
-# "{beta}" is the preset's KL coefficient, the one GRPO pays on every token.
+# The controls and the other readings (docs/METHODS.md, "Controls"): name -> (loss, train.py flags),
+# run as <name>-s<seed>. "{beta}" is the preset's KL coefficient, the one GRPO pays on every token.
 CONTROLS = {
-    "grpo-beta0": ("grpo", ["--beta", "0"]),                    # the KL-free baseline
-    "tepo-fullkl": ("tepo", ["--tepo-full-kl", "{beta}"]),      # GRPO's KL on every token, + TEPO's mask
-    "tr_grpo-mean1": ("tr_grpo", ["--tr-normalise"]),           # GRPO's step size, TR-GRPO's shape
+    "grpo-beta0": ("grpo", ["--beta", "0"]),                        # the KL-free baseline
+    "tepo-fullkl": ("tepo", ["--tepo-full-kl-beta", "{beta}"]),     # GRPO's KL on every token, + TEPO's mask
+    "tr_grpo-mean1": ("tr_grpo", ["--tr-mean-one"]),                # GRPO's step size, TR-GRPO's shape
 }
+READINGS = {
+    "cw_grpo-authors": ("cw_grpo", ["--no-cw-detach", "--cw-normalise", "padded"]),   # as its authors run it
+    "tr_grpo-inclip": ("tr_grpo", ["--tr-inside-clip"]),           # w inside the clip and the KL
+    "tepo-tokratio": ("tepo", ["--tepo-token-ratio"]),             # GRPO's ratio, TEPO's KL mask
+}
+ARMS = {**{loss: (loss, []) for loss in LOSSES}, **CONTROLS, **READINGS}
+ARM_SETS = {"losses": list(LOSSES), "controls": list(CONTROLS), "readings": list(READINGS), "all": list(ARMS)}
 
 
 def parse_args(argv=None):
@@ -56,6 +65,9 @@ def parse_args(argv=None):
     parser.add_argument("--controls", action="store_true",
                         help="run the controls (" + ", ".join(CONTROLS) + ") instead of the losses; "
                              "they need a preset with a KL term (tiny, smol-active, smol-long)")
+    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS) + list(ARM_SETS),
+                        help="run these arms instead: losses, controls, readings of docs/METHODS.md ("
+                             + ", ".join(READINGS) + "), or all (every arm of one seed before the next seed)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs at the same time; default 2 for tiny, 1 for smol "
                              "(a smol run wants both cores and 6 GiB)")
@@ -65,6 +77,16 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.steps_each = args.steps or train.PRESETS[args.preset].get("steps", train.Config.steps)
     args.beta = train.PRESETS[args.preset].get("beta", train.Config.beta)
+    if args.arms and args.controls:
+        parser.error("--controls is --arms controls: pass one of them")
+    if args.controls:
+        args.arms = ["controls"]
+    if args.arms:
+        args.arms = list(dict.fromkeys(a for name in args.arms for a in ARM_SETS.get(name, [name])))
+    needs_kl = [a for a in args.arms or [] if a in CONTROLS or a == "tepo-tokratio"]
+    if needs_kl and args.beta == 0 and not args.controls:
+        parser.error(f"{', '.join(needs_kl)} compare against a KL term, and the {args.preset} preset has "
+                     f"none (beta = 0); use tiny, smol-active or smol-long")
     if args.controls and args.beta == 0:
         parser.error(f"--controls compares against a KL term, and the {args.preset} preset has none "
                      f"(beta = 0); use tiny, smol-active or smol-long")
@@ -72,11 +94,10 @@ def parse_args(argv=None):
 
 
 def runs_of(args):
-    """(name, loss, extra train.py flags) of every run but the seed: the losses, or the controls."""
-    if not args.controls:
+    """(name, loss, extra train.py flags) of every run but the seed: the losses, or the arms."""
+    if not args.arms:
         return [(loss, loss, []) for loss in args.losses]
-    return [(name, loss, [f.format(beta=args.beta) for f in flags])
-            for name, (loss, flags) in CONTROLS.items()]
+    return [(name, ARMS[name][0], [f.format(beta=args.beta) for f in ARMS[name][1]]) for name in args.arms]
 
 
 def main(argv=None):

@@ -132,18 +132,20 @@ def _kl_term(logp, ref_logp, mask, beta):
     return k3(logp * mask, ref_logp * mask)          # zeroed at padding, for the same reason
 
 
-def _info(mask, weights, ratio, clipped, kl, **extra):
+def _info(mask, weights, ratio, clipped, kl, clip_ratio=None, **extra):
     """Detached diagnostics, identical in every loss so the plots can compare them.
 
     Means over valid tokens: ``clip_frac`` (the clip acts, see ``clipped_surrogate``), split
-    into ``clip_low_frac`` (ratio < 1 - eps, A < 0) and ``clip_high_frac`` (ratio > 1 + eps,
-    A > 0); ``abs_log_ratio``, |log ratio|, how far the policy has moved from the one that
-    sampled (0 on policy; for TEPO the sequence ratio's |log s_i|); ``kl`` (k3 against the
-    reference, whatever beta) and ``ratio_mean``.
+    into ``clip_low_frac`` (clipped ratio < 1 - eps, A < 0) and ``clip_high_frac`` (> 1 + eps,
+    A > 0); ``clip_ratio`` is what was clipped when that is not the ratio itself (TR-GRPO's
+    ``inside_clip``: w * ratio); ``abs_log_ratio``, |log ratio|, how far the policy has moved
+    from the one that sampled (0 on policy; for TEPO the sequence ratio's |log s_i|); ``kl``
+    (k3 against the reference, whatever beta) and ``ratio_mean``.
     """
     mean = lambda t: (t.detach() * mask).sum() / mask.sum().clamp(min=1)
+    side = ratio if clip_ratio is None else clip_ratio
     return {"weights": weights.detach(), "clip_frac": mean(clipped),
-            "clip_low_frac": mean(clipped & (ratio < 1)), "clip_high_frac": mean(clipped & (ratio > 1)),
+            "clip_low_frac": mean(clipped & (side < 1)), "clip_high_frac": mean(clipped & (side > 1)),
             "abs_log_ratio": mean(ratio.detach().log().abs()),
             "kl": mean(kl), "ratio_mean": mean(ratio), **{k: v.detach() for k, v in extra.items()}}
 
@@ -184,7 +186,7 @@ def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
 
 def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
                  clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None,
-                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4, normalise=False):
+                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4, mean_one=False, inside_clip=False):
     """TR-GRPO (Le et al., arXiv 2511.00066): GRPO with each token weighted by its probability.
 
         J = agg_t[ w(p_t) * min(r_t A_i, clip(r_t) A_i) - beta * k3 ],
@@ -194,16 +196,24 @@ def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     gradients; weighting confident tokens up evens that out and smooths the update.
     [reconstruction] the sigmoid-clip family, its constants, tau = 1/9, w detached and
     applied to the whole clipped surrogate (not to the KL term).
-    ``normalise=True`` (a control, docs/METHODS.md): w <- w / mean_row(w) over each row's valid
-    tokens, so every sequence's weights average 1, as GRPO's do: the step size is GRPO's and only
-    which tokens of a sequence count differs (a row's own statistic: no micro-batch split moves it).
+    Two options, both off by default (docs/METHODS.md):
+    ``mean_one=True`` (a control): w <- w / mean_row(w) over each row's valid tokens, so every
+    sequence's weights average 1, as GRPO's do, and only which tokens of a sequence count differs.
+    ``inside_clip=True`` (another reading of the paper): w multiplies the ratio inside the clip,
+    J = agg_t[ min(w r A, clip(w r, 1-eps, 1+eps) A) - beta * k3(w pi_ref / pi) ]; on policy a
+    token of a positive-advantage answer with w > 1 + eps is clipped and gets no gradient.
     """
     ratio = torch.exp(_log_ratio(logp, old_logp, mask))
-    surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     w = tr_grpo_weights(logp, alpha, tau, mu, w_min, w_max)                  # <- new
-    if normalise:                                                           # <- new: mean 1 per row
+    if mean_one:                                                            # <- new (a control)
         w = w * mask.sum(-1, keepdim=True).clamp(min=1) / (w * mask).sum(-1, keepdim=True).clamp(min=1e-12)
     kl = _kl_term(logp, ref_logp, mask, beta)
+    if inside_clip:                                                         # <- new (another reading)
+        surrogate, clipped = clipped_surrogate(w * ratio, advantages[:, None], clip_eps)
+        kl_w = _kl_term(logp, None if ref_logp is None else ref_logp + w.log(), mask, beta)
+        loss = -aggregate(surrogate - beta * kl_w, mask, agg, max_tokens)
+        return loss, _info(mask, w, ratio, clipped, kl, clip_ratio=w * ratio)
+    surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     loss = -aggregate(w * surrogate - beta * kl, mask, agg, max_tokens)     # <- w *
     return loss, _info(mask, w, ratio, clipped, kl)
 
@@ -318,7 +328,8 @@ def tepo_kl_mask(logp, entropy, advantages, mask):
 
 
 def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
-              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None, full_kl_beta=0.0):
+              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None, full_kl_beta=0.0,
+              token_ratio=False):
     """TEPO (Lin et al., arXiv 2510.09369 / 2604.12736, ACL 2026): sequence ratio + KL mask.
 
         log s_i = sum_t (logp - old_logp) m_t / sum_t m_t        (geometric-mean sequence ratio)
@@ -334,10 +345,14 @@ def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
     ``full_kl_beta > 0`` (a control, docs/METHODS.md) adds GRPO's KL on every token beneath the
     masked one: J = token-mean[ min(s A, clip(s) A) - full_kl_beta * k3 - beta * M * k3 ], so a
     masked token pays both, and TEPO keeps the leash GRPO has everywhere.
+    ``token_ratio=True`` (an ablation): GRPO's per-token ratio r_t instead of s_i, the KL mask
+    kept, to tell which of TEPO's two parts moves its entropy.
     """
     if entropy is None:
         raise ValueError("tepo_loss needs entropy [B, C] (full-vocabulary entropy of the policy)")
     ratio = tepo_sequence_ratio(logp, old_logp, mask)                                 # <- new
+    if token_ratio:                                                                   # <- new (an ablation)
+        ratio = torch.exp(_log_ratio(logp, old_logp, mask))
     surrogate, clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps)
     kl_mask = tepo_kl_mask(logp, entropy, advantages, mask)                           # <- new
     kl = _kl_term(logp, ref_logp, mask, beta + full_kl_beta)

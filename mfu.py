@@ -11,12 +11,29 @@ how to read it.
 """
 import argparse
 import functools
+import os
+import platform
 import sys
 import time
 
 import torch
 
 from scoring import can_share_prompts, compute_dtype
+
+
+def machine(device):
+    """What a run's numbers depend on besides its config: the CPU (its name and the vector
+    instructions torch uses on it, e.g. AVX2 or AVX512: the same seed samples other completions
+    on another), its cores, the torch version and the GPU if any. Recorded in config.json."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(), cores=os.cpu_count(),
+                torch=torch.__version__,
+                gpu=torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None)
 
 
 def forward_flops_per_token(model):

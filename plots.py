@@ -72,6 +72,7 @@ def read_run(run_dir):
         raise SystemExit(f"error: {run_dir} has no metrics.jsonl (is it a run directory of train.py?)")
     cfg_path = run_dir / "config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    cfg = {RENAMED.get(k, k): v for k, v in cfg.items()}
     records = read_jsonl(metrics)
     for r in records:     # a step fp16's gradient scaler skipped (gradients overflowed): no norm of a step
         if "grad_norm" in r and not math.isfinite(r["grad_norm"]):
@@ -89,12 +90,19 @@ def ema(values, smooth):
     return out
 
 
+VARIANTS = [   # config -> what a control or another reading of docs/METHODS.md changes in its loss
+    (lambda c: c.get("tr_mean_one"), " mean-1 w"), (lambda c: c.get("tr_inside_clip"), " w in clip"),
+    (lambda c: c.get("tepo_full_kl_beta"), " + full KL"),
+    (lambda c: c.get("tepo_token_ratio"), " token ratio"),
+    (lambda c: c.get("loss") == "cw_grpo" and c.get("cw_detach") is False
+     and c.get("cw_normalise") == "padded", " (authors')")]
+RENAMED = {"tr_normalise": "tr_mean_one", "tepo_full_kl": "tepo_full_kl_beta"}   # config fields of older runs
+
+
 def variant(run):
-    """The loss, and what a control of docs/METHODS.md changes in it: "tr_grpo mean-1 w" for
-    --tr-normalise, "tepo + full KL" for --tepo-full-kl."""
-    cfg = run["config"]
-    return run["loss"] + (" mean-1 w" if cfg.get("tr_normalise") else "") + (
-        " + full KL" if cfg.get("tepo_full_kl") else "")
+    """The loss, and what a control or another reading of docs/METHODS.md changes in it:
+    "tr_grpo mean-1 w" for --tr-mean-one, "tepo + full KL" for --tepo-full-kl-beta, ..."""
+    return run["loss"] + "".join(label for on, label in VARIANTS if on(run["config"]))
 
 
 def by_loss(runs):
@@ -192,11 +200,11 @@ def trajectory_figures(runs, out, smooth):
 # ----------------------------------------------------------------------------------------
 # Token weights: the same stored tokens, weighted by each loss
 
-def token_weights(sample, dtype=torch.float32, tr_normalise=False):
+def token_weights(sample, dtype=torch.float32, tr_mean_one=False):
     """Per-token weights (and TEPO's KL mask) the four losses give a stored group,
     recomputed with losses.LOSSES on its log-probs, entropies and advantages. beta = 0: no
     reference log-probs are stored, and the weights do not depend on them (nor on TEPO's
-    --tepo-full-kl control). tr_normalise: TR-GRPO's weights as its --tr-normalise control
+    --tepo-full-kl-beta control). tr_mean_one: TR-GRPO's weights as its --tr-mean-one control
     computes them (mean 1 per answer), for a page of such a run. The token viewer asks for
     float64: its rounded numbers are then the same on every CPU (float32 sums may differ in the
     last bit between vector widths); the KL mask is the same in either dtype."""
@@ -206,7 +214,7 @@ def token_weights(sample, dtype=torch.float32, tr_normalise=False):
     adv = torch.tensor(sample["advantages"], dtype=dtype)
     out = {}
     for name, fn in LOSSES.items():
-        control = {"normalise": True} if name == "tr_grpo" and tr_normalise else {}
+        control = {"mean_one": True} if name == "tr_grpo" and tr_mean_one else {}
         _, info = fn(logp, logp, None, adv, mask, entropy, beta=0.0, **control)
         out[name] = (info["weights"], info.get("kl_mask", torch.zeros_like(mask)))
     return out
@@ -216,8 +224,8 @@ def show(token):
     return token.replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍") or "∅"
 
 
-def token_figure(sample, path, max_chars=48, tr_normalise=False):
-    weights = token_weights(sample, tr_normalise=tr_normalise)
+def token_figure(sample, path, max_chars=48, tr_mean_one=False):
+    weights = token_weights(sample, tr_mean_one=tr_mean_one)
     rewards = sample["rewards"]
     best = max(range(len(rewards)), key=lambda i: rewards[i])
     worst = min(range(len(rewards)), key=lambda i: rewards[i])
@@ -269,7 +277,7 @@ def token_figure(sample, path, max_chars=48, tr_normalise=False):
     for name in ORDER:
         w = weights[name][0]
         label = f"{name} (always 1)" if name in ("grpo", "tepo") else name
-        label += " (mean 1)" if name == "tr_grpo" and tr_normalise else ""
+        label += " (mean 1)" if name == "tr_grpo" and tr_mean_one else ""
         ax.scatter(p[valid], w[valid], s=10, alpha=0.6, color=COLORS[name], label=label)
     ax.set_xlabel("token probability p under the sampling policy")
     ax.set_ylabel("weight the loss gives the token")
@@ -316,11 +324,11 @@ def rounded(x, digits=4):
     return int(x) if x.is_integer() and abs(x) < 1e15 else x
 
 
-def page_group(sample, tr_normalise=False):
+def page_group(sample, tr_mean_one=False):
     """One stored group as the page holds it: per answer its reward, advantage and valid tokens
     (the padding after the first EOS is left out), each with its log-prob, entropy, the four
     losses' weights and TEPO's KL mask, from token_weights(), rounded."""
-    weights = token_weights(sample, dtype=torch.float64, tr_normalise=tr_normalise)
+    weights = token_weights(sample, dtype=torch.float64, tr_mean_one=tr_mean_one)
     rows = []
     for i, tokens in enumerate(sample["tokens"]):
         keep = [j for j, m in enumerate(sample["mask"][i]) if m]
@@ -363,7 +371,7 @@ def curve_svg(points, title, smin, smax, width=372, height=74):
 def viewer_data(run, records):
     """Everything the page shows of a run, as one JSON-able dict."""
     cfg = run["config"]
-    mean1 = bool(cfg.get("tr_normalise"))       # a --tr-normalise control: its own weights, and says so
+    mean1 = bool(cfg.get("tr_mean_one"))       # a --tr-mean-one control: its own weights, and says so
     groups = [page_group(rec, mean1) for rec in records]
     valid = [v for g in groups for row in g["rows"] for name in ORDER for v in row["w"][name]
              if v is not None]
@@ -373,7 +381,7 @@ def viewer_data(run, records):
         "entropy": {"stops": colour_stops("YlOrRd", 0.0, 0.85), "domain": [0.0, 2.0]},
         "prob": {"stops": colour_stops("BuPu", 0.0, 0.85)[::-1], "domain": [0.0, 1.0]},
         "kl": {"stops": ["#f2f2f2", "#c44e52"], "domain": [0, 1]}}
-    modes = [(k, label + " (mean 1)", about + " This run's control (--tr-normalise) divides them by their "
+    modes = [(k, label + " (mean 1)", about + " This run's control (--tr-mean-one) divides them by their "
               "mean over the answer's tokens, so some count less than 1x.") if k == "tr_grpo" and mean1
              else (k, label, about) for k, label, about in VIEW_MODES]
     return {"run": run["dir"].name, "loss": run["loss"], "seed": run["seed"], "beta": cfg.get("beta"),
@@ -598,7 +606,7 @@ def main(argv=None):
         samples = r["dir"] / "samples.jsonl"
         if samples.exists() and (records := read_jsonl(samples)):
             token_figure(pick_group(records), out / "token_weights.png",
-                         tr_normalise=bool(r["config"].get("tr_normalise")))
+                         tr_mean_one=bool(r["config"].get("tr_mean_one")))
             written.append("token_weights.png")
             break
     if args.table:

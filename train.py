@@ -90,8 +90,15 @@ class Config:
     cw_scope: str = "group"        # "batch": our other reading, statistics of the whole batch
     cw_normalise: str = "valid"    # mean 1 over real tokens; "padded": rows x longest completion (theirs)
     cw_detach: bool = True         # --no-cw-detach: the gradient flows through the weights too (theirs)
-    tr_normalise: bool = False     # control (docs/METHODS.md): TR-GRPO's weights of mean 1 per row, as GRPO's
-    tepo_full_kl: float = 0.0      # control: TEPO pays GRPO's KL on every token at this coefficient, too
+    # Options that test our readings (docs/METHODS.md, "Controls"); each off by default.
+    tr_mean_one: bool = False      # control: TR-GRPO's weights of mean 1 per row, as GRPO's
+    tr_inside_clip: bool = False   # TR-GRPO's other reading: w multiplies the ratio inside the clip
+    tepo_full_kl_beta: float = 0.0  # control: TEPO pays GRPO's KL on every token at this coefficient, too
+    tepo_token_ratio: bool = False  # ablation: TEPO with GRPO's per-token ratio, its KL mask kept
+    # pass@k at the sampling temperature, at the first and the last evaluation, on the first pass_n
+    # held-out problems (0: not measured): what exploration buys.
+    pass_k: int = 8
+    pass_n: int = 0
 
 
 PRESETS = {
@@ -120,12 +127,12 @@ PRESETS = {
 }
 # smol where every loss's mechanism acts: a KL term (and with it TEPO's KL mask) and a second
 # update per batch, off policy, where the ratio moves and the clip can act.
-PRESETS["smol-active"] = dict(PRESETS["smol"], beta=0.04, updates_per_batch=2)
+PRESETS["smol-active"] = dict(PRESETS["smol"], beta=0.04, updates_per_batch=2, pass_n=32)
 # smol-active for 200 steps on one GPU, where the papers' claims about dynamics can show: levels 1 and 2
 # alternating (the untouched model solves 10%), 4x the prompts, 128 tokens, 400 held out every 25 steps.
 PRESETS["smol-long"] = dict(PRESETS["smol-active"], level=12, steps=200, prompts_per_step=16,
                             micro_batch=8, max_new_tokens=128, eval_every=25, eval_n=400, eval_batch=100,
-                            sample_every=10, ckpt_every=25)
+                            sample_every=10, ckpt_every=25, pass_n=0)     # the shipped long runs have none
 
 
 def parse_config(argv=None):
@@ -161,12 +168,20 @@ def parse_config(argv=None):
         problems.append(f"--no-cw-detach computes CW-GRPO's weights in each micro-batch from its live "
                         f"log-probs, so --micro-batch {cfg.micro_batch} must be a multiple of {whole} (whole "
                         f"{'batches, --cw-scope batch' if cfg.cw_scope == 'batch' else 'groups'})")
-    if (cfg.tr_normalise and cfg.loss != "tr_grpo") or (cfg.tepo_full_kl and cfg.loss != "tepo"):
-        problems.append(f"--tr-normalise is an option of tr_grpo, --tepo-full-kl of tepo; this run's loss "
-                        f"is {cfg.loss}")
-    if cfg.tepo_full_kl < 0 or (cfg.tepo_full_kl > 0 and cfg.beta <= 0):
-        problems.append(f"--tepo-full-kl {cfg.tepo_full_kl} must be >= 0, and > 0 only with --beta > 0 "
-                        f"(the reference model the KL is measured against; got --beta {cfg.beta})")
+    wrong = [flag for flag, loss, on in (("--tr-mean-one", "tr_grpo", cfg.tr_mean_one),
+                                         ("--tr-inside-clip", "tr_grpo", cfg.tr_inside_clip),
+                                         ("--tepo-full-kl-beta", "tepo", cfg.tepo_full_kl_beta),
+                                         ("--tepo-token-ratio", "tepo", cfg.tepo_token_ratio))
+             if on and loss != cfg.loss]
+    if wrong:
+        problems.append(f"{', '.join(wrong)}: an option of another loss (--tr-* of tr_grpo, --tepo-* of "
+                        f"tepo); this run's loss is {cfg.loss}")
+    if cfg.pass_k < 1 or cfg.pass_n < 0:
+        problems.append(f"--pass-k must be >= 1 and --pass-n >= 0 (0: no pass@k), got {cfg.pass_k} and "
+                        f"{cfg.pass_n}")
+    if cfg.tepo_full_kl_beta < 0 or (cfg.tepo_full_kl_beta > 0 and cfg.beta <= 0):
+        problems.append(f"--tepo-full-kl-beta {cfg.tepo_full_kl_beta} must be >= 0, and > 0 only with "
+                        f"--beta > 0 (the reference model the KL is measured against; got --beta {cfg.beta})")
     if cfg.temperature <= 0:
         problems.append("--temperature must be > 0 (sampling; evaluation is greedy anyway)")
     if cfg.steps < 0 or cfg.updates_per_batch < 1 or cfg.max_new_tokens < 1:
@@ -312,7 +327,8 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     if cfg.loss == "cw_grpo":          # the weights of step 4, or with --no-cw-detach from each micro-batch
         kwargs.update(group_size=cfg.group_size, scope=cfg.cw_scope, normalise=cfg.cw_normalise,
                       detach=cfg.cw_detach)
-    controls = {"normalise": cfg.tr_normalise, "full_kl_beta": cfg.tepo_full_kl}    # docs/METHODS.md
+    controls = {"mean_one": cfg.tr_mean_one, "inside_clip": cfg.tr_inside_clip,         # docs/METHODS.md
+                "full_kl_beta": cfg.tepo_full_kl_beta, "token_ratio": cfg.tepo_token_ratio}
     kwargs.update({k: v for k, v in controls.items() if v})    # only those on (parse_config checks the loss)
     agg = cfg.agg or inspect.signature(loss_fn).parameters["agg"].default
     score, C = training_scorer(cfg), batch.mask.shape[1]
@@ -387,6 +403,27 @@ def evaluate(model, tok, problems, cfg):
     return correct / max(len(problems), 1), strict / max(len(problems), 1)
 
 
+@torch.no_grad()
+def pass_at_k(model, tok, problems, cfg):
+    """(pass@k, pass@1) at the sampling temperature: the share of ``problems`` with at least one
+    right answer among k = cfg.pass_k samples, and the share of right samples. The samples come
+    from a random stream of their own, seeded by the run's seed: the first and the last evaluation
+    draw the same random numbers, and the training samples what it would sample without them."""
+    k, right = cfg.pass_k, []
+    devices = list(range(torch.cuda.device_count())) if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(1_000_003 + cfg.seed)
+        step = max(1, cfg.eval_batch // k)                       # prompts per batch of eval_batch rows
+        for i in range(0, len(problems), step):
+            chunk = problems[i:i + step]
+            batch = rollout(model, tok, [p["question"] for p in chunk], cfg, group_size=k)
+            golds = [rewards.gold_answer(p["answer"]) for p in chunk for _ in range(k)]
+            right += [rewards.correctness_reward(text, gold)
+                      for text, gold in zip(decode(tok, batch.completions, batch.mask), golds)]
+    right = torch.tensor(right, dtype=torch.float32).view(-1, k)
+    return right.amax(1).mean().item(), right.mean().item()
+
+
 # ----------------------------------------------------------------------------------------
 # main: config -> model -> data -> loop of (step -> log -> eval -> checkpoint).
 
@@ -411,14 +448,20 @@ def main(argv=None):
         optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))
     scaler = grad_scaler(cfg, device)             # fp16 only; passes straight through otherwise
     start = checkpoints.resume(run, policy, optimizer, scheduler, scaler, cfg) if cfg.resume else 0
-    (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    checkpoints.write_config(run, cfg, start, mfu.machine(device))   # the config, and the machine it ran on
     metrics, samples = checkpoints.Log(run / "metrics.jsonl"), checkpoints.Log(run / "samples.jsonl")
 
     def held_out_accuracy(step):
         acc, strict = evaluate(policy, tok, held_out, cfg)
-        metrics.write(step=step, eval_accuracy=acc, eval_strict=strict, eval_n=len(held_out))
+        extra = {}
+        if cfg.pass_n and step in (0, cfg.steps):          # pass@k at the first and the last evaluation
+            at_k, at_1 = pass_at_k(policy, tok, held_out[:cfg.pass_n], cfg)
+            extra = dict(eval_pass_at_k=at_k, eval_pass_at_1=at_1, eval_pass_k=cfg.pass_k,
+                         eval_pass_n=min(cfg.pass_n, len(held_out)))
+        metrics.write(step=step, eval_accuracy=acc, eval_strict=strict, eval_n=len(held_out), **extra)
         tqdm.write(f"step {step}: held-out greedy accuracy {acc:.3f} (strict {strict:.3f}) "
-                   f"on {len(held_out)} problems")
+                   f"on {len(held_out)} problems" + (f"; pass@{cfg.pass_k} {extra['eval_pass_at_k']:.3f} "
+                   f"at T = {cfg.temperature:g} on {extra['eval_pass_n']}" if extra else ""))
 
     with checkpoints.ctrl_c_stops_after_the_step() as stop:
         if start == 0:

@@ -144,10 +144,12 @@ def test_compare_exits_with_1_when_a_run_fails_and_draws_the_others(tmp_path, mo
 
 
 def test_smol_active_is_smol_with_a_kl_term_and_two_updates_per_batch():
+    """... and pass@k at its first and last evaluation, which leaves the training as it is
+    (tests/test_train.py, test_pass_at_k_is_logged_at_the_first_and_last_evaluation_...)."""
     smol, active = train.parse_config(["--preset", "smol"]), train.parse_config(["--preset", "smol-active"])
     differs = {k for k in vars(smol) if getattr(smol, k) != getattr(active, k)}
-    assert differs == {"preset", "out", "beta", "updates_per_batch"}
-    assert active.beta > 0 and active.updates_per_batch >= 2
+    assert differs == {"preset", "out", "beta", "updates_per_batch", "pass_n"}
+    assert active.beta > 0 and active.updates_per_batch >= 2 and active.pass_n > 0
 
 
 def test_the_steps_a_run_must_reach_are_the_presets_unless_overridden():
@@ -176,7 +178,7 @@ def test_the_shipped_long_runs_are_whole_and_comparable():
     for run in runs:
         cfg = run["config"]
         assert run["dir"].name == f"{cfg['loss']}-s{cfg['seed']}"
-        assert {k: cfg[k] for k in preset} == preset
+        assert {k: cfg.get(k, getattr(train.Config, k)) for k in preset} == preset    # absent: the default
         assert cfg["beta"] > 0 and cfg["updates_per_batch"] >= 2
         assert [r["step"] for r in run["train"]] == list(range(1, cfg["steps"] + 1))
         every = range(0, cfg["steps"] + 1, cfg["eval_every"])
@@ -214,13 +216,43 @@ def test_controls_run_each_control_with_its_flags_and_the_presets_beta(tmp_path,
              for c in calls}
     beta = str(train.PRESETS["smol-active"]["beta"])
     assert flags == {f"{name}-s{s}": (loss, extra) for s in (0, 1) for name, (loss, extra) in [
-        ("grpo-beta0", ("grpo", ["--beta", "0"])), ("tepo-fullkl", ("tepo", ["--tepo-full-kl", beta])),
-        ("tr_grpo-mean1", ("tr_grpo", ["--tr-normalise"]))]}
+        ("grpo-beta0", ("grpo", ["--beta", "0"])), ("tepo-fullkl", ("tepo", ["--tepo-full-kl-beta", beta])),
+        ("tr_grpo-mean1", ("tr_grpo", ["--tr-mean-one"]))]}
     for name, (loss, extra) in flags.items():         # what train.py makes of them
         cfg = train.parse_config(["--preset", "smol-active", "--loss", loss, *extra])
-        assert (cfg.beta, cfg.tr_normalise, cfg.tepo_full_kl) == {
+        assert (cfg.beta, cfg.tr_mean_one, cfg.tepo_full_kl_beta) == {
             "grpo": (0.0, False, 0.0), "tepo": (0.04, False, 0.04), "tr_grpo": (0.04, True, 0.0)}[loss]
     assert compare.parse_args(["--controls"]).beta > 0
     with pytest.raises(SystemExit):
         compare.parse_args(["--preset", "smol", "--controls"])
     assert "the smol preset has none" in capsys.readouterr().err
+
+
+def test_arms_all_runs_every_arm_of_a_seed_before_the_next_seed(tmp_path, monkeypatch):
+    """--arms all: the 4 losses, the 3 controls and the 3 other readings, each with its flags, seed by
+    seed (so that a machine that joins or leaves midway is never confounded with an arm)."""
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        run = Path(cmd[cmd.index("--out") + 1])
+        loss, seed = cmd[cmd.index("--loss") + 1], int(cmd[cmd.index("--seed") + 1])
+        finished_run(run.parent, run.name.rsplit("-s", 1)[0], seed, 2)
+        cfg = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps(dict(cfg, loss=loss)))
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(compare.models, "smollm2_dir", lambda: "(not needed)")
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    assert compare.main(["--preset", "smol-active", "--arms", "all", "--steps", "2", "--seeds", "0", "1",
+                         "--out", str(tmp_path)]) == 0
+    names = [Path(c[c.index("--out") + 1]).name for c in calls]
+    arms = list(compare.ARMS)
+    assert len(arms) == 10 and names == [f"{a}-s{s}" for s in (0, 1) for a in arms]
+    flags = {n: (c[c.index("--loss") + 1], c[c.index("--out") + 2:]) for n, c in zip(names, calls)}
+    assert flags["cw_grpo-authors-s0"] == ("cw_grpo", ["--no-cw-detach", "--cw-normalise", "padded"])
+    assert flags["tr_grpo-inclip-s1"] == ("tr_grpo", ["--tr-inside-clip"])
+    assert flags["tepo-tokratio-s0"] == ("tepo", ["--tepo-token-ratio"])
+    for name, (loss, extra) in flags.items():         # each is a valid train.py command line
+        train.parse_config(["--preset", "smol-active", "--loss", loss, *extra])
+    assert compare.parse_args(["--preset", "smol-active", "--arms", "readings", "grpo"]).arms == [
+        "cw_grpo-authors", "tr_grpo-inclip", "tepo-tokratio", "grpo"]

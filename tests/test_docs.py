@@ -125,7 +125,7 @@ def test_the_specification_ships_with_the_repo():
 
 def test_train_py_is_the_algorithm():
     source = (REPO / "train.py").read_text(encoding="utf-8")
-    assert len(source.splitlines()) <= 460      # 450 + the two controls' flags, checks and arguments
+    assert len(source.splitlines()) <= 505      # 460 + the other readings' flags and pass@k
     functions = {f.name: f for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef)}
     step = functions["grpo_step"]
     assert step.end_lineno - step.lineno + 1 <= 70

@@ -664,8 +664,8 @@ def test_cw_grpo_with_their_two_options_is_the_authors_loss(beta):
 # An independent implementation of docs/METHODS.md, one token at a time, compared on random
 # off-policy batches: values, gradients, weights and the TEPO mask.
 
-def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=None, normalise=False,
-                   full_kl_beta=0.0):
+def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=None, mean_one=False,
+                   full_kl_beta=0.0, inside_clip=False, token_ratio=False):
     B, T = logp.shape
     valid = [[mask[i, t].item() > 0 for t in range(T)] for i in range(B)]
     toks = [(i, t) for i in range(B) for t in range(T) if valid[i][t]]
@@ -677,7 +677,7 @@ def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=No
         for i, t in toks:
             p = math.exp(logp[i, t].item())
             w[i, t] = torch.tensor(min(max(2.0 * (1 / (1 + math.exp(-9 * p)) - 0.25), 1.0), 1.4))
-        if normalise:                  # the control: each row's weights divided by their mean
+        if mean_one:                   # the control: each row's weights divided by their mean
             row_mean = {i: sum(w[i, t].item() for t in range(T) if valid[i][t]) / n_i[i] for i in range(B)}
             w = {(i, t): v / row_mean[i] for (i, t), v in w.items()}
     if name == "cw_grpo":              # per group of `group` rows (None: all rows), the weights detached
@@ -696,14 +696,19 @@ def reference_loss(name, logp, old, ref, adv, mask, entropy, beta, agg, group=No
     obj = {}
     for i, t in toks:
         lp, A = logp[i, t], adv[i].item()
-        if name == "tepo":
+        if name == "tepo" and not token_ratio:
             log_s = sum(logp[i, u].item() - old[i, u].item() for u in range(T) if valid[i][u]) / n_i[i]
             r = math.exp(log_s) * torch.exp(lp - lp.detach())
-            M[i, t] = 1.0 if (A > 0 and lp.item() + entropy[i, t].item() > 0) else 0.0
         else:
             r = torch.exp(lp - old[i, t])
-        surr = torch.minimum(r * w[i, t] * A, torch.clamp(r, 0.8, 1.2) * w[i, t] * A)
+        if name == "tepo":
+            M[i, t] = 1.0 if (A > 0 and lp.item() + entropy[i, t].item() > 0) else 0.0
         d = ref[i, t] - lp
+        if inside_clip:                # the weight times the ratio, inside the clip; KL of w pi_ref / pi
+            surr = torch.minimum(w[i, t] * r * A, torch.clamp(w[i, t] * r, 0.8, 1.2) * A)
+            d = d + torch.log(w[i, t])
+        else:
+            surr = torch.minimum(r * w[i, t] * A, torch.clamp(r, 0.8, 1.2) * w[i, t] * A)
         kl = torch.exp(d) - d - 1
         obj[i, t] = surr - beta * (M[i, t] if name == "tepo" else 1.0) * kl - full_kl_beta * kl
     if agg == "seq-mean-token-mean":
@@ -839,7 +844,9 @@ def test_bf16_logits_are_scored_in_float32():
 # The controls of docs/METHODS.md: TR-GRPO with mean-1 weights, TEPO with GRPO's full KL beneath
 # its masked one. Each off by default (the shipped numbers come from the defaults).
 
-CONTROLS = [("tr_grpo", {"normalise": True}), ("tepo", {"full_kl_beta": 0.03})]
+CONTROLS = [("tr_grpo", {"mean_one": True}), ("tepo", {"full_kl_beta": 0.03}),
+            ("tr_grpo", {"inside_clip": True}), ("tepo", {"token_ratio": True}),
+            ("tr_grpo", {"inside_clip": True, "mean_one": True})]
 
 
 def test_tr_grpo_mean_one_weights_by_hand():
@@ -848,14 +855,14 @@ def test_tr_grpo_mean_one_weights_by_hand():
     W = [[w / (sum(row) / len(row)) for w in row] for row in W]       # each row's mean: 1
     assert W[1] == pytest.approx([1 / 1.2, 1.4 / 1.2]) and min(W[0]) < 1 < max(W[0])   # some go down
     for agg in AGGREGATIONS:
-        loss, info = tr_grpo_loss(logp, old, ref, adv, mask, beta=0.04, agg=agg, normalise=True)
+        loss, info = tr_grpo_loss(logp, old, ref, adv, mask, beta=0.04, agg=agg, mean_one=True)
         rows = [[w * s - 0.04 * k for w, s, k in zip(wr, sr, kr)] for wr, sr, kr in zip(W, SURR, KL)]
         assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-12)
         assert info["weights"][0].tolist() == pytest.approx(W[0], abs=1e-12)
         assert info["weights"][1, :2].tolist() == pytest.approx(W[1], abs=1e-12)
 
 
-def test_tepo_full_kl_by_hand():
+def test_tepo_full_kl_beta_by_hand():
     logp, old, ref, adv, mask, entropy = example()
     s0, s1 = (1.5 * 1.0 * 0.5) ** (1 / 3), (1.25 * 0.9) ** (1 / 2)
     M = [[0.0, 1.0, 0.0], [0.0, 0.0]]
@@ -867,7 +874,7 @@ def test_tepo_full_kl_by_hand():
         assert info["kl_mask"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
 
 
-def test_tepo_full_kl_alone_is_grpos_kl_term():
+def test_tepo_full_kl_beta_alone_is_grpos_kl_term():
     # With beta = 0 (no mask) the control's KL is GRPO's: the same k3 on every token.
     logp, old, ref, adv, mask, entropy = random_batch(seed=3)
     kw = dict(agg="token-mean")
@@ -885,7 +892,8 @@ def test_tepo_full_kl_alone_is_grpos_kl_term():
 def test_the_controls_are_off_by_default(name):
     # Bit for bit: the default arguments give what the shipped runs were trained with.
     logp, old, ref, adv, mask, entropy = random_batch(seed=5)
-    off = {"tr_grpo": {"normalise": False}, "tepo": {"full_kl_beta": 0.0}}.get(name, {})
+    off = {"tr_grpo": {"mean_one": False, "inside_clip": False},
+           "tepo": {"full_kl_beta": 0.0, "token_ratio": False}}.get(name, {})
     a = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy)
     b = loss_and_grad(LOSSES[name], logp, old, ref, adv, mask, entropy, **off)
     assert a[0].item() == b[0].item() and torch.equal(a[1], b[1])
@@ -905,7 +913,7 @@ def test_controls_match_independent_implementation(name, options, agg):
         assert torch.allclose(grad, x.grad, rtol=1e-6, atol=1e-12)
         for (i, t), v in w.items():
             assert info["weights"][i, t].item() == pytest.approx(float(v), rel=1e-6)
-        if name == "tr_grpo":          # mean 1 over each row's valid tokens
+        if options.get("mean_one"):    # mean 1 over each row's valid tokens
             means = (info["weights"] * mask).sum(1) / mask.sum(1)
             assert torch.allclose(means, torch.ones(6), atol=1e-12)
 
@@ -945,5 +953,57 @@ def test_gradcheck_controls(agg):
     p = torch.where(torch.rand(4, 5, generator=torch.Generator().manual_seed(2)) < 0.5,
                     torch.full((4, 5), 0.05), torch.full((4, 5), 0.7))
     x = (p + 0.02 * torch.rand(4, 5)).log().requires_grad_()
-    f = lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg, normalise=True)[0]
+    f = lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg, mean_one=True)[0]
     assert torch.autograd.gradcheck(f, (x,))
+    f = lambda x: tr_grpo_loss(x, old, ref, adv, mask, agg=agg, inside_clip=True)[0]
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradcheck(
+        lambda x: tepo_loss(x, old, ref, adv, mask, entropy, agg=agg, token_ratio=True)[0], (logp,))
+
+
+def test_tr_grpo_inside_clip_by_hand():
+    """min(w r A, clip(w r) A) - beta k3(w pi_ref / pi): on the example's tokens, by hand. On policy
+    (r = 1) a positive-advantage token with w > 1 + eps is clipped: its surrogate is (1 + eps) A,
+    a constant, and only the KL term reaches its gradient."""
+    logp, old, ref, adv, mask, _ = example()
+    W = [[tr_w(0.5), tr_w(0.25), tr_w(0.8)], [tr_w(0.1), tr_w(0.6)]]
+    R = [[1.5, 1.0, 0.5], [1.25, 0.9]]                                 # the example's ratios
+    A = [1.0, -0.5]
+    rows = []
+    for i in range(2):
+        row = []
+        for t in range(len(W[i])):
+            wr = W[i][t] * R[i][t]
+            surr = min(wr * A[i], min(max(wr, 0.8), 1.2) * A[i])
+            d = math.log(W[i][t]) + ref[i, t].item() - logp[i, t].item()
+            row.append(surr - 0.04 * (math.exp(d) - d - 1))
+        rows.append(row)
+    for agg in AGGREGATIONS:
+        loss, info = tr_grpo_loss(logp, old, ref, adv, mask, beta=0.04, agg=agg, inside_clip=True)
+        assert loss.item() == pytest.approx(-agg_by_hand(rows, agg), abs=1e-6)
+        assert info["kl"].item() == pytest.approx(                      # the diagnostic: k3 against pi_ref
+            grpo_loss(logp, old, ref, adv, mask, beta=0.04)[1]["kl"].item(), rel=1e-6)
+    # On policy: which tokens are clipped is which have A > 0 and w > 1.2.
+    x = logp.detach().clone().requires_grad_()
+    loss, info = tr_grpo_loss(x, x.detach(), None, adv, mask, beta=0.0, inside_clip=True)
+    loss.backward()
+    w = info["weights"]
+    want = (w > 1.2) & (adv[:, None] > 0) & (mask > 0)
+    assert want.any() and not want.all()
+    assert info["clip_frac"].item() == pytest.approx(want.sum().item() / mask.sum().item())
+    assert info["clip_high_frac"].item() == info["clip_frac"].item()
+    assert (x.grad[want] == 0).all() and (x.grad[~want & (mask > 0)] != 0).all()
+
+
+def test_tepo_token_ratio_is_tepo_with_grpos_ratio():
+    """With the per-token ratio, TEPO is GRPO's token-mean surrogate with TEPO's masked KL: with
+    beta = 0, its loss and gradient are GRPO's (token-mean) exactly, on policy or off. On policy the
+    sequence ratio gives the same (value 1, gradient 1 per token); off policy it does not."""
+    for off_policy in (False, True):
+        logp, old, ref, adv, mask, entropy = random_batch(seed=2, off_policy=off_policy)
+        ours = loss_and_grad(tepo_loss, logp, old, ref, adv, mask, entropy, beta=0.0, token_ratio=True)
+        grpo = loss_and_grad(grpo_loss, logp, old, ref, adv, mask, beta=0.0, agg="token-mean")
+        assert ours[0].item() == pytest.approx(grpo[0].item(), abs=1e-12) and torch.allclose(ours[1], grpo[1])
+        assert ours[1].abs().sum() > 0
+        seq = loss_and_grad(tepo_loss, logp, old, ref, adv, mask, entropy, beta=0.0)
+        assert torch.allclose(seq[0], ours[0]) != off_policy

@@ -105,16 +105,16 @@ def test_special_characters_render(tmp_path):
     assert plots.show("\n") == "⏎" and plots.show("") == "∅"
 
 
-@pytest.mark.parametrize("tr_normalise, label", [(False, "tr_grpo"), (True, "tr_grpo (mean 1)")])
-def test_token_figure_says_which_tr_grpo_weights_it_draws(tmp_path, monkeypatch, tr_normalise, label):
-    """The figure of a --tr-normalise run draws that control's mean-1 weights and says so in its legend."""
+@pytest.mark.parametrize("tr_mean_one, label", [(False, "tr_grpo"), (True, "tr_grpo (mean 1)")])
+def test_token_figure_says_which_tr_grpo_weights_it_draws(tmp_path, monkeypatch, tr_mean_one, label):
+    """The figure of a --tr-mean-one run draws that control's mean-1 weights and says so in its legend."""
     figures, close = [], plots.plt.close
     monkeypatch.setattr(plots.plt, "close", figures.append)     # keep the figure to read it back
-    plots.token_figure(SAMPLE, tmp_path / "t.png", tr_normalise=tr_normalise)
+    plots.token_figure(SAMPLE, tmp_path / "t.png", tr_mean_one=tr_mean_one)
     legend = [t.get_text() for ax in figures[0].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert legend == ["grpo (always 1)", label, "cw_grpo", "tepo (always 1)"]
     drawn = next(c for ax in figures[0].axes for c in ax.collections if c.get_label() == label)
-    expected = plots.token_weights(SAMPLE, tr_normalise=tr_normalise)["tr_grpo"][0]
+    expected = plots.token_weights(SAMPLE, tr_mean_one=tr_mean_one)["tr_grpo"][0]
     assert drawn.get_offsets()[:, 1].tolist() == pytest.approx(
         expected[torch.tensor(SAMPLE["mask"]) > 0].tolist())
     close(figures[0])
@@ -356,8 +356,8 @@ def test_the_controls_are_told_apart_from_the_losses(tmp_path):
     """A control's runs (docs/METHODS.md) get a row and a dashed line of their own, in the loss's
     colour, next to the loss they change: what it changes is in the label."""
     configs = [("grpo", {"beta": 0.04}), ("grpo", {"beta": 0.0}), ("tr_grpo", {"beta": 0.04}),
-               ("tr_grpo", {"beta": 0.04, "tr_normalise": True}), ("tepo", {"beta": 0.04}),
-               ("tepo", {"beta": 0.04, "tepo_full_kl": 0.04})]
+               ("tr_grpo", {"beta": 0.04, "tr_mean_one": True}), ("tepo", {"beta": 0.04}),
+               ("tepo", {"beta": 0.04, "tepo_full_kl_beta": 0.04})]
     runs = []
     for i, (loss, extra) in enumerate(configs):
         (tmp_path / str(i)).mkdir()

@@ -153,10 +153,10 @@ def test_kl_mask_frac_is_logged_only_where_beta_gives_the_mask_something_to_mult
 
 
 def test_the_controls_reach_the_loss(tmp_path, warm, monkeypatch):
-    """--tr-normalise and --tepo-full-kl arrive in the loss as its options (docs/METHODS.md): TR-GRPO's
+    """--tr-mean-one and --tepo-full-kl-beta arrive in the loss as its options (docs/METHODS.md): TR-GRPO's
     logged weights average exactly 1 (each row's do), and TEPO's loss is called with the coefficient."""
     means = {}
-    for flags in ([], ["--tr-normalise"]):
+    for flags in ([], ["--tr-mean-one"]):
         out = tmp_path / f"tr{len(flags)}"
         assert run(["--out", str(out), "--steps", "1", "--loss", "tr_grpo", "--eval-n", "4", *flags],
                    warm) == 0
@@ -168,8 +168,24 @@ def test_the_controls_reach_the_loss(tmp_path, warm, monkeypatch):
     monkeypatch.setitem(LOSSES, "tepo", spy)
     out = tmp_path / "tepo"
     assert run(["--out", str(out), "--steps", "1", "--loss", "tepo", "--eval-n", "4",
-                "--tepo-full-kl", "0.02"], warm) == 0
+                "--tepo-full-kl-beta", "0.02"], warm) == 0
     assert seen and set(seen) == {0.02}
+
+
+@pytest.mark.parametrize("loss, flag, option", [("tr_grpo", "--tr-inside-clip", "inside_clip"),
+                                                ("tepo", "--tepo-token-ratio", "token_ratio")])
+def test_the_other_readings_reach_the_loss(tmp_path, warm, monkeypatch, loss, flag, option):
+    """--tr-inside-clip and --tepo-token-ratio arrive in the loss as its options; without the flag
+    the loss is called as before (no option passed at all)."""
+    seen = []
+    real = LOSSES[loss]
+    spy = functools.wraps(real)(lambda *a, **k: seen.append(k.get(option, "not passed")) or real(*a, **k))
+    monkeypatch.setitem(LOSSES, loss, spy)
+    for flags in ([], [flag]):
+        seen.clear()
+        assert run(["--out", str(tmp_path / f"{loss}{len(flags)}"), "--steps", "1", "--loss", loss,
+                    "--eval-n", "4", *flags], warm) == 0
+        assert seen and set(seen) == ({True} if flags else {"not passed"})
 
 
 def losses_and_rewards(path):
@@ -259,10 +275,10 @@ def test_non_finite_loss_stops_and_keeps_the_checkpoint(tmp_path, warm, monkeypa
     (["--loss", "cw_grpo", "--no-cw-detach", "--micro-batch", "2"], "multiple of 4 (whole groups)"),
     (["--loss", "cw_grpo", "--no-cw-detach", "--cw-scope", "batch", "--micro-batch", "8"], "multiple of 16"),
     (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
-    (["--loss", "grpo", "--tr-normalise"], "is an option of tr_grpo, --tepo-full-kl of tepo"),
-    (["--loss", "tr_grpo", "--tepo-full-kl", "0.04"], "is an option of tr_grpo, --tepo-full-kl of tepo"),
-    (["--loss", "tepo", "--tepo-full-kl", "0.04", "--beta", "0"], "only with --beta > 0"),
-    (["--loss", "tepo", "--tepo-full-kl", "-1"], "must be >= 0"),
+    (["--loss", "grpo", "--tr-mean-one"], "an option of another loss"),
+    (["--loss", "tr_grpo", "--tepo-full-kl-beta", "0.04"], "an option of another loss"),
+    (["--loss", "tepo", "--tepo-full-kl-beta", "0.04", "--beta", "0"], "only with --beta > 0"),
+    (["--loss", "tepo", "--tepo-full-kl-beta", "-1"], "must be >= 0"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -681,3 +697,61 @@ def test_evaluate_counts_right_answers_and_strictly_right_ones(monkeypatch):
     monkeypatch.setattr(train, "decode", lambda tok, completions, mask: texts)
     cfg = train.parse_config(["--preset", "tiny", "--eval-batch", "4"])
     assert train.evaluate(None, None, problems, cfg) == (0.75, 0.25)
+
+
+def test_pass_at_k_counts_problems_with_a_right_sample_and_right_samples(monkeypatch):
+    """pass@k = share of problems with at least one right answer among k; pass@1 = share of right
+    answers. 3 problems x k = 2, right = [1 0 | 0 0 | 1 1]: pass@2 = 2/3, pass@1 = 3/6; in batches
+    of eval_batch // k prompts, each asked for k samples."""
+    texts = ["#### 5", "#### 4", "#### 4", "#### 1", "#### 5", "5 + 0 = 5"]
+    problems = [{"question": f"q{i}", "answer": "... #### 5"} for i in range(3)]
+    calls = []
+
+    def fake_rollout(model, tok, questions, cfg, group_size):
+        calls.append((list(questions), group_size))
+        return train.Rollout(*[None] * 5)
+    served = iter([texts[:4], texts[4:]])                      # two batches: 2 prompts, then 1
+    monkeypatch.setattr(train, "rollout", fake_rollout)
+    monkeypatch.setattr(train, "decode", lambda tok, completions, mask: next(served))
+    cfg = train.parse_config(["--preset", "tiny", "--eval-batch", "4", "--pass-k", "2", "--pass-n", "3"])
+    model = torch.nn.Linear(1, 1)                              # only its device is read
+    model.device = torch.device("cpu")
+    assert train.pass_at_k(model, None, problems, cfg) == (pytest.approx(2 / 3), pytest.approx(0.5))
+    assert calls == [(["q0", "q1"], 2), (["q2"], 2)]
+
+
+def test_pass_at_k_is_logged_at_the_first_and_last_evaluation_and_leaves_training_alone(tmp_path, warm):
+    """--pass-n adds pass@k to the evaluations at step 0 and at the end, not in between, and draws its
+    samples from a random stream of its own: every training number equals a run's without it."""
+    common = ["--steps", "2", "--eval-every", "1", "--seed", "4"]
+    assert run(common + ["--out", str(tmp_path / "without")], warm) == 0
+    assert run(common + ["--out", str(tmp_path / "with"), "--pass-n", "6", "--pass-k", "3"], warm) == 0
+    records = read(tmp_path / "with" / "metrics.jsonl")
+    evals = [r for r in records if "eval_accuracy" in r]
+    assert [(r["step"], "eval_pass_at_k" in r) for r in evals] == [(0, True), (1, False), (2, True)]
+    for r in (evals[0], evals[2]):
+        assert (r["eval_pass_k"], r["eval_pass_n"]) == (3, 6)
+        assert 0 <= r["eval_pass_at_1"] <= r["eval_pass_at_k"] <= 1
+        assert r["eval_pass_at_k"] * 6 == pytest.approx(round(r["eval_pass_at_k"] * 6))   # a share of 6
+    timed = ("time", "mfu", "tokens_per_s", "peak_mem_gb")               # timings differ from run to run
+    strip = lambda rs: [{k: v for k, v in r.items()
+                         if not k.startswith("eval_pass") and not k.endswith(timed)} for r in rs]
+    assert strip(records) == strip(read(tmp_path / "without" / "metrics.jsonl"))
+
+
+def test_config_records_the_machine_and_each_machine_a_resumed_run_moves_to(tmp_path, warm, monkeypatch):
+    """config.json says which CPU (and torch's vector instructions on it) a run ran on: the same seed
+    samples other completions on another. A run resumed on another machine lists both, with the step."""
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "2", "--ckpt-every", "1"], warm) == 0
+    first = json.loads((out / "config.json").read_text())["machine"]
+    assert len(first) == 1 and first[0]["from_step"] == 0
+    assert first[0]["cpu"] and first[0]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert first[0]["torch"] == torch.__version__ and first[0]["cores"] == os.cpu_count()
+    (out / "metrics.jsonl").write_text("\n".join((out / "metrics.jsonl").read_text().splitlines()[:2]) + "\n")
+    other = dict(first[0], cpu="Another CPU", cpu_capability="AVX512")
+    other.pop("from_step")
+    monkeypatch.setattr(train.mfu, "machine", lambda device: other)
+    assert run(["--out", str(out), "--steps", "3", "--ckpt-every", "1", "--resume"], warm) == 0
+    machines = json.loads((out / "config.json").read_text())["machine"]
+    assert machines == [first[0], dict(other, from_step=2)]

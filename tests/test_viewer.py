@@ -92,15 +92,15 @@ def test_the_page_holds_token_weights_numbers(tmp_path):
 
 
 def test_a_control_runs_page_shows_its_own_tr_grpo_weights(tmp_path):
-    """A page of a --tr-normalise run colours TR-GRPO's tokens by the weights that run trained with
+    """A page of a --tr-mean-one run colours TR-GRPO's tokens by the weights that run trained with
     (mean 1 over each answer's tokens, some below 1) and says so; the default run's page keeps the
     paper's weights (never below 1); the other losses' weights are the same on both pages."""
     default = page_data(write_page(tmp_path / "a", name="tr_grpo-s0", loss="tr_grpo")
                         .read_text(encoding="utf-8"))
     control = page_data(write_page(tmp_path / "b", name="tr_grpo-mean1-s0", loss="tr_grpo",
-                                   tr_normalise=True).read_text(encoding="utf-8"))
-    exact = plots.token_weights(SAMPLE, dtype=torch.float64, tr_normalise=True)
-    assert torch.equal(exact["tr_grpo"][0], losses_own("tr_grpo", normalise=True)["weights"])
+                                   tr_mean_one=True).read_text(encoding="utf-8"))
+    exact = plots.token_weights(SAMPLE, dtype=torch.float64, tr_mean_one=True)
+    assert torch.equal(exact["tr_grpo"][0], losses_own("tr_grpo", mean_one=True)["weights"])
     for i, (d, c) in enumerate(zip(default["groups"][0]["rows"], control["groups"][0]["rows"])):
         n = sum(MASK[i])
         assert c["w"]["tr_grpo"] == [plots.rounded(x) for x in exact["tr_grpo"][0][i, :n].tolist()]
