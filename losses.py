@@ -186,7 +186,8 @@ def tr_grpo_weights(logp, alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4):
 
 def tr_grpo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
                  clip_eps=0.2, beta=0.04, agg="seq-mean-token-mean", max_tokens=None,
-                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4, mean_one=False, inside_clip=False):
+                 alpha=2.0, tau=1 / 9, mu=0.25, w_min=1.0, w_max=1.4,
+                 mean_one=False, inside_clip=False):      # a control, another reading: off
     """TR-GRPO (Le et al., arXiv 2511.00066): GRPO with each token weighted by its probability.
 
         J = agg_t[ w(p_t) * min(r_t A_i, clip(r_t) A_i) - beta * k3 ],
@@ -328,8 +329,8 @@ def tepo_kl_mask(logp, entropy, advantages, mask):
 
 
 def tepo_loss(logp, old_logp, ref_logp, advantages, mask, entropy=None, *,
-              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None, full_kl_beta=0.0,
-              token_ratio=False):
+              clip_eps=0.2, beta=0.04, agg="token-mean", max_tokens=None,
+              full_kl_beta=0.0, token_ratio=False):          # a control, an ablation: off
     """TEPO (Lin et al., arXiv 2510.09369 / 2604.12736, ACL 2026): sequence ratio + KL mask.
 
         log s_i = sum_t (logp - old_logp) m_t / sum_t m_t        (geometric-mean sequence ratio)
@@ -365,6 +366,47 @@ LOSSES = {"grpo": grpo_loss, "tr_grpo": tr_grpo_loss, "cw_grpo": cw_grpo_loss, "
 
 # ----------------------------------------------------------------------------------------
 # From logits to the per-token quantities the losses need (used by train.py).
+
+def token_logprobs_plain(logits, tokens, temperature=1.0):
+    """token_logprobs with no speed device: autograd's own log_softmax, gather and entropy.
+
+        log p_t = log_softmax(logits_t / T)[tokens_t],   H_t = -sum_v p_t,v log p_t,v
+
+    The same numbers, dtypes and gradient as ``token_logprobs`` (tests/test_losses.py checks
+    it), computed the obvious way: ``train.py --plain`` scores with it. It holds the whole
+    float32 log-softmax of the logits, which autograd keeps for the backward pass.
+    """
+    # BEGIN SOLUTION token_logprobs
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    log_probs = torch.log_softmax(x, dim=-1)                              # [..., V]
+    logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    with torch.no_grad():                                                 # the entropy has no gradient
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logp, entropy
+    # END SOLUTION
+
+
+def token_logprobs(logits, tokens, temperature=1.0):
+    """(log-prob of each token, full-distribution entropy) under softmax(logits / temperature).
+
+    ``logits[b, t]`` must already be the prediction for ``tokens[b, t]`` (shifted by the
+    caller). The temperature is the sampling temperature: scoring without it gives a ratio
+    != 1 on-policy. The entropy is that of the whole next-token distribution, not -log p of
+    the sampled token (a common shortcut that measures surprise, not spread), and carries no
+    gradient. Both are float32 for bf16, fp16 or fp32 logits (float64 for float64 ones),
+    computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
+    [B, C, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
+    under autograd the softmax kept for the backward pass is one float32 copy of the logits.
+    The gradient is _TokenLogprobs'; token_logprobs_plain is the same without that device.
+    """
+    # BEGIN SOLUTION token_logprobs
+    flat = logits.reshape(-1, logits.shape[-1])
+    logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
+    return logp.view(tokens.shape), entropy.view(tokens.shape)
+    # END SOLUTION
+
+
+# The speed device behind token_logprobs (docs/performance.md); on a first read, skip it.
 
 CHUNK_ELEMENTS = 2 ** 26      # float32 temporaries of at most 256 MB at a time
 
@@ -425,45 +467,6 @@ class _TokenLogprobs(torch.autograd.Function):
             grad /= ctx.temperature                                      # dx / dlogits = 1 / T
         return grad.to(ctx.dtype), None, None
         # END SOLUTION
-
-
-def token_logprobs(logits, tokens, temperature=1.0):
-    """(log-prob of each token, full-distribution entropy) under softmax(logits / temperature).
-
-    ``logits[b, t]`` must already be the prediction for ``tokens[b, t]`` (shifted by the
-    caller). The temperature is the sampling temperature: scoring without it gives a ratio
-    != 1 on-policy. The entropy is that of the whole next-token distribution, not -log p of
-    the sampled token (a common shortcut that measures surprise, not spread), and carries no
-    gradient. Both are float32 for bf16, fp16 or fp32 logits (float64 for float64 ones),
-    computed in row chunks so that no float32 temporary exceeds CHUNK_ELEMENTS (a full
-    [B, C, V] log_softmax over Qwen's 151,936 words would be 1.2 GB for 4 x 512 tokens);
-    under autograd the softmax kept for the backward pass is one float32 copy of the logits.
-    The gradient is _TokenLogprobs'; token_logprobs_plain is the same without that device.
-    """
-    # BEGIN SOLUTION token_logprobs
-    flat = logits.reshape(-1, logits.shape[-1])
-    logp, entropy = _TokenLogprobs.apply(flat, tokens.reshape(-1), temperature)
-    return logp.view(tokens.shape), entropy.view(tokens.shape)
-    # END SOLUTION
-
-
-def token_logprobs_plain(logits, tokens, temperature=1.0):
-    """token_logprobs with no speed device: autograd's own log_softmax, gather and entropy.
-
-        log p_t = log_softmax(logits_t / T)[tokens_t],   H_t = -sum_v p_t,v log p_t,v
-
-    The same numbers, dtypes and gradient as ``token_logprobs`` (tests/test_losses.py checks
-    it), computed the obvious way: ``train.py --plain`` scores with it. It holds the whole
-    float32 log-softmax of the logits, which autograd keeps for the backward pass.
-    """
-    # BEGIN SOLUTION token_logprobs
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
-    log_probs = torch.log_softmax(x, dim=-1)                              # [..., V]
-    logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
-    with torch.no_grad():                                                 # the entropy has no gradient
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy
-    # END SOLUTION
 
 
 # ----------------------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
     python train.py --preset smol                  # a real instruct model (SmolLM2-135M) on the CPU
     python train.py --preset tiny --loss cw_grpo   # a 0.5M-parameter model, another loss: minutes
-    python train.py --preset tiny --plain          # no speed devices: the computation to step through
+    python -m pdb train.py --preset tiny --plain --steps 2   # the plain computation, step by step
 
 The file reads in the order a step happens: config -> model -> data -> rollout -> reward ->
 advantage -> old and reference log-probs -> loss and update -> log -> main. The machinery
-lives beside it: sampling.py (the decoding loop), scoring.py (log-probs in micro-batches),
-mfu.py (FLOPs and memory), checkpoints.py (run directory, logs, resume, Ctrl-C). A run
+lives in engine/: sampling.py (the decoding loop), scoring.py (log-probs in micro-batches),
+models.py, mfu.py (FLOPs and memory), checkpoints.py (run directory, logs, resume, Ctrl-C). A run
 writes config.json, metrics.jsonl (a JSON line per step and per evaluation), samples.jsonl
 (a sampled group now and then, token by token), ckpt/last.pt (--resume) and final/.
 """
@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
-import json
 import math
 import random
 import sys
@@ -25,16 +24,14 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-import checkpoints
 import data
-import mfu
-import models
 import rewards
 from data import batch_of_prompts, load_problems
 from losses import LOSSES, cw_grpo_weights, group_advantages, microbatch_scale
-from models import grad_scaler, load_model, make_optimizer, pick_device, reference_model
-from sampling import eos_ids, generate, generate_plain, generation_config
-from scoring import autocast, check_ratio_is_one, micro_batches, pad_to, score_no_grad, training_scorer
+from engine import checkpoints, mfu, models
+from engine.models import grad_scaler, load_model, make_optimizer, pick_device, reference_model
+from engine.sampling import eos_ids, generate, generate_plain, generation_config
+from engine.scoring import autocast, check_ratio_is_one, micro_batches, pad_to, score_no_grad, training_scorer
 
 
 # ----------------------------------------------------------------------------------------
@@ -304,11 +301,8 @@ def grpo_step(policy, ref, tok, optimizer, scheduler, problems, cfg, device, sca
     times["update"] = time.perf_counter() - t
 
     # 6. Log: what happened, per step; and one group token by token, for the plots.
-    metrics = {**step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times),
+    metrics = {**step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times, scaler),
                **mfu.phase_mfu(policy, batch, cfg, times, device)}
-    if scaler.is_enabled():            # fp16: the loss scale, and the updates skipped for overflowing
-        metrics.update(grad_scale=scaler.get_scale(),
-                       skipped_updates=sum(not math.isfinite(grad_norm) for _, grad_norm, _ in updates))
     sample = dict(prompt=data.render_prompt(tok, problems[0]["question"]), completions=texts[:G],
                   tokens=[[tok.decode([i]) for i in row] for row in batch.completions[:G].tolist()],
                   logp=old_logp[:G].tolist(), entropy=entropy[:G].tolist(), advantages=adv[:G].tolist(),
@@ -361,10 +355,11 @@ def update(policy, optimizer, scheduler, batch, adv, old_logp, entropy, ref_logp
     return (total, grad_norm, infos), tuple(torch.cat(t) for t in zip(*seen))
 
 
-def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
+def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times, scaler=None):
     """Batch statistics of a step, each over the whole batch (never per micro-batch). loss and
     grad_norm are the first update's (on policy); what the loss reports (kl, the clip, the
-    ratio, the weights, the KL mask) is a token mean over every update of the step."""
+    ratio, the weights, the KL mask) is a token mean over every update of the step. With fp16's
+    scaler: the loss scale, and the updates skipped because the scaled gradients overflowed."""
     total, grad_norm, _ = updates[0]
     infos = [x for _, _, update_infos in updates for x in update_infos]   # (info, tokens) per micro-batch
     mask, valid, n_tok = batch.mask, batch.mask > 0, sum(n for _, n in infos)
@@ -385,6 +380,9 @@ def step_metrics(updates, batch, r, correct, entropy, cfg, scheduler, times):
                    update_time=times["update"], tokens_per_s=mask.sum().item() / times["gen"])
     if cfg.loss == "tepo" and cfg.beta > 0:          # with beta = 0 the mask multiplies nothing
         metrics["kl_mask_frac"] = sum(info["kl_mask"].sum().item() for info, _ in infos) / n_tok
+    if scaler is not None and scaler.is_enabled():
+        metrics.update(grad_scale=scaler.get_scale(),
+                       skipped_updates=sum(not math.isfinite(norm) for _, norm, _ in updates))
     return metrics
 
 

@@ -114,7 +114,7 @@ GRADED_TESTS = "tests/graded"              # visible: the student runs them, for
 HIDDEN_GRADED_TESTS = "tests/hidden"       # the instructor's: randomized, against independent computations
 HIDDEN_SHARE = 0.75                        # with hidden tests present, the share of a part's points they give
 # Left out of the student's copy (a folder: everything in it).
-INSTRUCTOR_ONLY = ("make_assignment.py", "docs/course.md", HIDDEN_GRADED_TESTS) + HIDDEN_TESTS
+INSTRUCTOR_ONLY = ("course/make_assignment.py", "docs/course.md", HIDDEN_GRADED_TESTS) + HIDDEN_TESTS
 MAX_POINTS = sum(p.points for p in PARTS)
 
 # The parts this copy is graded on: None means every part. make_assignment.py writes the

@@ -1,10 +1,10 @@
 """Grade the assignment: each part's tests run in a process of their own, under a time limit.
 
-    python grade.py                      # this copy: part, tests passed (visible, hidden), points, total
-    python grade.py --part NAME ...      # only these parts
-    python grade.py --all                # every part, also those this copy does not assign
-    python grade.py --json               # one JSON object on stdout (the tests' own output goes to stderr)
-    python grade.py --submission DIR     # a student's files, graded in a fresh copy of this tree
+    python -m course.grade  # this copy: part, tests passed (visible, hidden), points, total
+    python -m course.grade --part NAME ...     # only these parts
+    python -m course.grade --all               # every part, also those this copy does not assign
+    python -m course.grade --json  # one JSON object on stdout (the tests' own output goes to stderr)
+    python -m course.grade --submission DIR    # a student's files, graded in a fresh copy of this tree
 
 A part's tests are its visible tests, ``tests/graded/test_<part>.py`` (the student has
 them), and, in the instructor's copy only, its hidden tests ``tests/hidden/test_<part>.py``
@@ -14,7 +14,7 @@ A part scores its points times the weighted fraction of its visible tests that p
 hidden tests present, ``assignment.HIDDEN_SHARE`` of its points come from those instead.
 Rounded to 0.1.
 
-Each part is graded by a child process, ``python grade.py --record FILE --part NAME``, that
+Each part is graded by a child process, ``python -m course.grade --record FILE --part NAME``, that
 runs pytest on the part's test files and writes each outcome to FILE as it happens; this
 process reads FILE and computes the points. Nothing the tested code prints counts, a part
 whose tests do not finish within ``--time-limit`` seconds scores what passed until then,
@@ -36,9 +36,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import assignment
+from course import assignment
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]                # the repo root
 SETS = {"visible": assignment.GRADED_TESTS, "hidden": assignment.HIDDEN_GRADED_TESTS}
 
 
@@ -125,7 +125,7 @@ def grade_part(tree, name, time_limit):
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         record = Path(tmp) / "record.jsonl"
         record.touch()
-        command = [sys.executable, str(tree / "grade.py"), "--record", str(record), "--part", name]
+        command = [sys.executable, "-m", "course.grade", "--record", str(record), "--part", name]
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             run = subprocess.run(command, cwd=tree, capture_output=True, text=True,
@@ -249,10 +249,10 @@ def main(argv=None):
     try:
         names = [assignment.part(n).name for n in args.part] if args.part else None
     except ValueError as e:
-        parser.exit(2, f"grade.py: error: {e}\n")
+        parser.exit(2, f"course/grade.py: error: {e}\n")
     if args.record:
         if not names:
-            parser.exit(2, "grade.py: error: --record needs --part\n")
+            parser.exit(2, "course/grade.py: error: --record needs --part\n")
         return run_tests(names, args.record)
     if names is None:
         names = [p.name for p in assignment.PARTS if args.all or assignment.ASSIGNED is None
@@ -262,7 +262,7 @@ def main(argv=None):
     if args.submission:
         directory = Path(args.submission)
         if not directory.is_dir():
-            parser.exit(2, f"grade.py: error: {directory} is not a directory\n")
+            parser.exit(2, f"course/grade.py: error: {directory} is not a directory\n")
         with tempfile.TemporaryDirectory(prefix="grade-submission-") as tmp:
             tree = Path(tmp)
             grading_tree(ROOT, tree)
@@ -272,7 +272,7 @@ def main(argv=None):
     else:
         results, problems = grade(ROOT, names, args.time_limit, args.jobs, log=log)
     if problems:
-        parser.exit(2, "grade.py: cannot grade:\n  " + "\n  ".join(problems) + "\n")
+        parser.exit(2, "course/grade.py: cannot grade:\n  " + "\n  ".join(problems) + "\n")
     got = _number(round(sum(r["points"] for r in results.values()), 1))
     top = sum(r["max"] for r in results.values())
     hidden = any(r["hidden"] is not None for r in results.values())

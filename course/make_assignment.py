@@ -1,8 +1,8 @@
 """Make the student's copy of this repo, and optionally the instructor's answer key.
 
-    python make_assignment.py --out DIR                       # every part (assignment.py)
-    python make_assignment.py --out DIR --parts aggregation tepo
-    python make_assignment.py --out DIR --answer-key KEY      # also the instructor's copy
+    python -m course.make_assignment --out DIR                  # every part (assignment.py)
+    python -m course.make_assignment --out DIR --parts aggregation tepo
+    python -m course.make_assignment --out DIR --answer-key KEY  # also the instructor's copy
 
 The student's copy is the repo's tracked files (``git ls-files``: an instructor's untracked
 notes stay behind; outside git, every file but runs/ and caches) without .git, with:
@@ -30,9 +30,9 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import assignment
+from course import assignment
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]                # the repo root
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")             # a markdown link: [text](target)
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<part>\S+)\s*$")
 END = re.compile(r"^(?P<indent>\s*)# END SOLUTION\s*$")
@@ -192,10 +192,10 @@ def handout(root, parts):
            "Keep every signature. The docstrings are the specification (shapes, equations, defaults); "
            "README.md explains the methods and their pitfalls.\n",
            "## Grading\n",
-           "    python grade.py                  "
+           "    python -m course.grade           "
            "# every part: visible tests passed / total, points / max, total",
-           "    python grade.py --part NAME      # one part",
-           "    python grade.py --json           # the same as one JSON object\n",
+           "    python -m course.grade --part NAME  # one part",
+           "    python -m course.grade --json       # the same as one JSON object\n",
            "Each part's visible tests are in `tests/graded/test_<part>.py`: small literal inputs whose "
            "expected values are worked out in the test. Your instructor grades with more: hidden tests "
            "that check each part on random inputs against independent computations, worth "
@@ -239,7 +239,7 @@ def handout(root, parts):
         for label, value in (("The `info` dict", p.info), ("Errors", p.errors), ("Notes", p.notes)):
             if value:
                 out.append(f"**{label}:** {value}\n")
-        out.append(f"Graded by `{assignment.graded_tests_of(p)}`: `python grade.py --part {p.name}`")
+        out.append(f"Graded by `{assignment.graded_tests_of(p)}`: `python -m course.grade --part {p.name}`")
     if (root / EXPERIMENTS).exists():
         out.append("\n" + experiments(root))
     return "\n".join(out) + "\n"
@@ -293,7 +293,7 @@ def unlink_left_out(text, name, left_out):
 STUDENT_NOTE = """> **This is your copy of the assignment.** [HANDOUT.md](HANDOUT.md) says which functions you
 > write, how they are graded, what to hand in, and the experiments to run. Until your parts
 > are written they raise `NotImplementedError`, and so do the commands and the ungraded tests
-> that use them (`make demo`, `python losses.py`); `python grade.py` works from the start.
+> that use them (`make demo`, `python losses.py`); `python -m course.grade` works from the start.
 """
 STUDENT_READING_ORDER = """## Reading order
 
@@ -303,17 +303,17 @@ STUDENT_READING_ORDER = """## Reading order
    aggregation), then `grpo_loss`, then each variant, a few lines away from it. The bodies you
    write raise `NotImplementedError`; their docstrings are the specification.
 3. [`tests/graded/`](tests/graded): each part's examples, worked out by hand
-   (`python grade.py --part NAME` runs one part's).
+   (`python -m course.grade --part NAME` runs one part's).
 4. [`train.py`](train.py), top to bottom, with `grpo_step` as the heart of it. Once your parts
-   pass, step through it in a debugger with `python train.py --preset tiny --plain`: `--plain`
-   samples with transformers' `generate()` and scores with the plain `score()`.
+   pass, step through two steps of it with `python -m pdb train.py --preset tiny --plain --steps 2`:
+   `--plain` samples with transformers' `generate()` and scores with the plain `score()`.
 5. [`rewards.py`](rewards.py) and [`data.py`](data.py): what the model is rewarded for.
-6. Only then the machinery: [`sampling.py`](sampling.py) and [`scoring.py`](scoring.py),
-   with [docs/performance.md](docs/performance.md) beside them.
+6. Only then the machinery: [`engine/`](engine), with [docs/performance.md](docs/performance.md)
+   beside it.
 
 """
-STUDENT_KIT_ROW = ("| [`grade.py`](grade.py), [`HANDOUT.md`](HANDOUT.md) | your assignment: what to write "
-                   "and hand in, and the grader that scores your parts |")
+STUDENT_KIT_ROW = ("| [`course/`](course), [`HANDOUT.md`](HANDOUT.md) | your assignment: what to write and "
+                   "hand in, and the grader that scores your parts (`python -m course.grade`) |")
 STUDENT_TESTS = {
     "test_group_advantages_zero_std_is_exactly_zero": "test_a_group_with_equal_rewards_gets_exactly_zero",
     "test_micro_batches_accumulate_to_the_full_batch_gradient":
@@ -341,9 +341,9 @@ def student_readme(text, defined, left_out):
         raise AssignmentError("README.md: no '## Reading order' or '## For instructors' section to rewrite "
                               "for the student's copy (make_assignment.student_readme)")
     out = title + "\n\n" + STUDENT_NOTE + "\n" + "".join(kept)
-    rows = [line for line in out.splitlines() if line.startswith("| [`make_assignment.py`]")]
+    rows = [line for line in out.splitlines() if line.startswith("| [`course/`]")]
     if len(rows) != 1:
-        raise AssignmentError("README.md: no table row starting with [`make_assignment.py`] to replace "
+        raise AssignmentError("README.md: no table row starting with [`course/`] to replace "
                               "for the student's copy (make_assignment.STUDENT_KIT_ROW)")
     out = out.replace(rows[0], STUDENT_KIT_ROW)
 
@@ -377,7 +377,7 @@ def write_copy(root, dest, files, transform):
 
 def with_assigned(text, chosen):
     if text.count("\nASSIGNED = None\n") != 1:
-        raise AssignmentError("assignment.py must hold exactly one line 'ASSIGNED = None'")
+        raise AssignmentError("course/assignment.py must hold exactly one line 'ASSIGNED = None'")
     return text.replace("\nASSIGNED = None\n", f"\n{assigned_line(chosen)}\n")
 
 
@@ -401,7 +401,7 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
 
     def student(name):
         text = lambda: (root / name).read_text(encoding="utf-8")
-        if name == "assignment.py":
+        if name == "course/assignment.py":
             return with_assigned(text(), chosen)
         if name in marked:
             return blank(text(), name, set(chosen))
@@ -419,8 +419,8 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
     (out / "HANDOUT.md").write_text(guide, encoding="utf-8")
     if key:
         key.mkdir(parents=True, exist_ok=True)
-        assigned = with_assigned((root / "assignment.py").read_text(encoding="utf-8"), chosen)
-        write_copy(root, key, files, lambda n: assigned if n == "assignment.py" else None)
+        assigned = with_assigned((root / "course/assignment.py").read_text(encoding="utf-8"), chosen)
+        write_copy(root, key, files, lambda n: assigned if n == "course/assignment.py" else None)
         (key / "HANDOUT.md").write_text(guide, encoding="utf-8")
     return chosen
 
@@ -436,7 +436,7 @@ def main(argv=None):
     try:
         chosen = make(args.out, args.parts, args.answer_key)
     except (AssignmentError, ValueError) as e:
-        parser.exit(2, f"make_assignment.py: error: {e}\n")
+        parser.exit(2, f"course/make_assignment.py: error: {e}\n")
     points = sum(assignment.part(n).points for n in chosen)
     print(f"student copy: {args.out}  ({len(chosen)} parts, {points} points; see its HANDOUT.md)")
     if args.answer_key:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-import models
-from sampling import generation_config
+from engine import models
+from engine.sampling import generation_config
 
 # Fields that may differ when resuming (everything else must match the checkpoint's config).
 RESUMABLE = {"resume", "steps", "eval_every", "eval_n", "eval_batch", "sample_every", "ckpt_every",

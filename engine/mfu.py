@@ -6,8 +6,8 @@ uses: 0.5 in the update is good on a CPU; sampling, one token at a time, is far 
 train.grpo_step logs it per phase with one call to ``phase_mfu``; docs/performance.md explains
 how to read it.
 
-    python mfu.py                  # this machine's matmul peak, the denominator of MFU
-    python mfu.py --threads 1
+    python -m engine.mfu                  # this machine's matmul peak, the denominator of MFU
+    python -m engine.mfu --threads 1
 """
 import argparse
 import functools
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from scoring import can_share_prompts, compute_dtype
+from engine.scoring import can_share_prompts, compute_dtype
 
 
 def machine(device):

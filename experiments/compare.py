@@ -1,21 +1,21 @@
 """compare.py — the four losses from the same warm start, then the figures and the table.
 
     # 4 losses, seed 0, tiny preset, 2 runs at a time (~11 min on 2 cores)
-    python compare.py
+    python -m experiments.compare
     # and seed 1 (finished runs are reused): docs/results.md, tiny model
-    python compare.py --seeds 0 1
+    python -m experiments.compare --seeds 0 1
     # quicker
-    python compare.py --steps 60
+    python -m experiments.compare --steps 60
     # the real model (SmolLM2-135M-Instruct), one run at a time
-    python compare.py --preset smol --seeds 0 1 2
+    python -m experiments.compare --preset smol --seeds 0 1 2
     # the same with a KL term and 2 updates per batch
-    python compare.py --preset smol-active --seeds 0 1 2
+    python -m experiments.compare --preset smol-active --seeds 0 1 2
     # that for 200 steps on harder problems: one GPU (4-10 min a run on an H200)
-    python compare.py --preset smol-long --seeds 0 1 2 -- --cuda-graphs --micro-batch 128
+    python -m experiments.compare --preset smol-long --seeds 0 1 2 -- --cuda-graphs --micro-batch 128
     # the three controls of our readings (docs/METHODS.md) instead of the four losses
-    python compare.py --preset smol-active --seeds 0 1 2 --controls
+    python -m experiments.compare --preset smol-active --seeds 0 1 2 --controls
     # every arm (4 losses, 3 controls, 3 other readings), every arm of a seed before the next seed
-    python compare.py --preset smol-active --seeds 0 1 2 3 4 --arms all
+    python -m experiments.compare --preset smol-active --seeds 0 1 2 3 4 --arms all
 
 Runs ``train.py --preset <tiny|smol|smol-active|smol-long>`` for every loss (or, with
 ``--controls``/``--arms``, every control or arm in ARMS) and seed (in parallel,
@@ -34,12 +34,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import models
 import plots
 import train
+from engine import models
 from losses import LOSSES
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]                # the repo root
 
 # The controls and the other readings (docs/METHODS.md, "Controls"): name -> (loss, train.py flags),
 # run as <name>-s<seed>. "{beta}" is the preset's KL coefficient, the one GRPO pays on every token.

@@ -1,6 +1,6 @@
 r"""trl_grpo.py — the four losses of losses.py inside TRL's GRPOTrainer, for many GPUs.
 
-    python trl_grpo.py --loss tepo --model Qwen/Qwen2.5-0.5B-Instruct --data ../shared/data/gsm8k \
+    python -m multigpu.trl_grpo --loss tepo --model Qwen/Qwen2.5-0.5B-Instruct --data ../shared/data/gsm8k \
         --output-dir runs/trl-tepo
     # 8 GPUs, same flags:
     accelerate launch --num_processes 8 trl_grpo.py --loss tepo --model ... --output-dir ...
@@ -42,7 +42,7 @@ import torch
 from transformers import TrainerCallback
 
 import data
-import models
+from engine import models
 import rewards
 from losses import AGGREGATIONS, LOSSES, cw_grpo_weights
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import assignment
-import grade
-import make_assignment
+from course import assignment
+from course import grade
+from course import make_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = [p.name for p in assignment.PARTS]
@@ -31,8 +31,8 @@ NAMES = [p.name for p in assignment.PARTS]
 def grade_in_one_process(copy):
     """Every part's tests of a copy in one process, scored as grade.py scores them."""
     record = copy.parent / f"{copy.name}-record.jsonl"
-    run = subprocess.run([sys.executable, "grade.py", "--record", str(record), "--part", *NAMES], cwd=copy,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "course.grade", "--record", str(record), "--part", *NAMES],
+                         cwd=copy, capture_output=True, text=True, timeout=600)
     lines = grade.read_record(record)
     assert any("finished" in line for line in lines), run.stdout[-3000:] + run.stderr[-3000:]
     parts = {}
@@ -108,7 +108,7 @@ def test_student_copy_has_no_history_no_hidden_tests_and_no_solutions(copy):
     assert "r.std(dim=1, keepdim=True)" in losses
     ast.parse(losses)
     ast.parse(rewards)
-    assert "ASSIGNED = ('aggregation', 'extract_answer')" in (copy / "assignment.py").read_text()
+    assert "ASSIGNED = ('aggregation', 'extract_answer')" in (copy / "course" / "assignment.py").read_text()
 
 
 def test_files_without_parts_are_copied_unchanged(copy):
@@ -132,7 +132,7 @@ def test_handout_describes_each_assigned_part(copy):
     handout = (copy / "HANDOUT.md").read_text()
     assert "## 1. `aggregation` (10 points)" in handout and "## 2. `extract_answer` (10 points)" in handout
     assert "def aggregate(x, mask, agg, max_tokens=None):" in handout            # signature and docstring
-    assert "python grade.py --part extract_answer" in handout
+    assert "python -m course.grade --part extract_answer" in handout
     assert "`ValueError` mentioning `unknown aggregation`" in handout
     assert "group_advantages" not in handout.split("## 1.")[1]                   # not assigned
 
@@ -225,8 +225,8 @@ def write_part(copy, file, part, body):
 
 
 def submit(key, submission, *args):
-    run = subprocess.run([sys.executable, "grade.py", "--submission", str(submission), "--json", *args],
-                         cwd=key, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "course.grade", "--submission", str(submission), "--json",
+                          *args], cwd=key, capture_output=True, text=True, timeout=600)
     assert run.returncode in (0, 1), run.stderr[-3000:]
     return json.loads(run.stdout), run
 
@@ -308,7 +308,7 @@ def test_refuses_a_non_empty_directory_and_unknown_parts(tmp_path, capsys):
 
 def test_a_part_without_markers_is_named(tmp_path):
     src = tmp_path / "src"
-    for name in ("assignment.py", "losses.py", "rewards.py", "train.py"):
+    for name in ("course/assignment.py", "losses.py", "rewards.py", "train.py"):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, src / name)
     text = (src / "rewards.py").read_text()
@@ -324,6 +324,6 @@ def test_a_part_without_markers_is_named(tmp_path):
 
 
 def test_grade_rejects_an_unknown_part():
-    run = subprocess.run([sys.executable, "grade.py", "--part", "ppo"], cwd=ROOT, capture_output=True,
-                         text=True)
+    run = subprocess.run([sys.executable, "-m", "course.grade", "--part", "ppo"], cwd=ROOT,
+                         capture_output=True, text=True)
     assert run.returncode == 2 and "unknown part 'ppo'" in run.stderr and "tepo" in run.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import compare
+from experiments import compare
 import plots
 import train
 from losses import LOSSES

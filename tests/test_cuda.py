@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
+from engine import models
 import train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -90,7 +90,7 @@ def test_a_gpu_without_native_bf16_is_told_it_computes_in_float32(monkeypatch, c
     assert models.pick_device(cfg) == torch.device("cuda")
     err = capsys.readouterr().err
     assert err.count("Tesla T4 has no native bf16") == 1 and "--dtype float16" in err
-    import scoring
+    from engine import scoring
     assert isinstance(scoring.autocast(cfg, torch.device("cuda")), type(scoring.contextlib.nullcontext()))
     assert scoring.compute_dtype(cfg, torch.device("cuda")) is None           # the reference too: float32
     fp16 = train.parse_config(["--preset", "qwen-0.5b", "--device", "cuda", "--dtype", "float16"])

@@ -1,4 +1,4 @@
-"""Tests for benchmarks/gpu_memory.py, on the CPU: the stand-in tokenizer has Qwen's 151,936 ids
+"""Tests for experiments/benchmarks/gpu_memory.py, on the CPU: the stand-in tokenizer has Qwen's 151,936 ids
 and its special tokens where Qwen has them, a scaled-down model goes through every phase of a
 real train.py step (sample, score, update, eval), and the per-phase wrapper keeps each phase's
 largest peak over its calls. The memory columns themselves need a GPU (see the script)."""
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import benchmarks.gpu_memory as bench
+import experiments.benchmarks.gpu_memory as bench
 import data
-import models
+from engine import models
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"

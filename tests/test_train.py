@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoints
+from engine import checkpoints
 import data
 import losses
-import models
-import sampling
-import scoring
+from engine import models
+from engine import sampling
+from engine import scoring
 import train
 from losses import LOSSES
 
@@ -535,7 +535,7 @@ def test_fp16_skips_an_update_whose_gradients_overflow_halves_the_scale_and_resu
 
 
 def test_the_fp16_benchmark_compares_with_float32_and_says_ok(warm, capsys):
-    import benchmarks.fp16_vs_float32 as bench
+    import experiments.benchmarks.fp16_vs_float32 as bench
     assert bench.main(["--model", warm, "--rows", "4", "--tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "float16:" in out and "loss scale 65536" in out and "fp16: ok" in out
@@ -612,7 +612,8 @@ SMOKE = r"""
 import sys, time, torch
 sys.path.insert(0, sys.argv[1])
 dtype = sys.argv[2]
-import mfu, models, train
+import train
+from engine import mfu, models
 from transformers import Qwen2Config, Qwen2ForCausalLM
 torch.manual_seed(0)
 # Qwen2.5-0.5B-Instruct's published config.json, with random weights.
@@ -661,7 +662,7 @@ def test_full_size_qwen_step_on_cpu():
 
 
 def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
-    import benchmarks.tepo_clip as bench
+    import experiments.benchmarks.tepo_clip as bench
     assert bench.main(FAST + ["--init", warm, "--steps", "2", "--out", str(tmp_path / "run")]) == 0
     # restored after the benchmark patched them
     assert train.LOSSES["tepo"] is bench.losses.tepo_loss and train.grpo_step.__name__ == "grpo_step"
@@ -675,7 +676,7 @@ def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
 
 
 def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp_path, capsys):
-    import benchmarks.tepo_parts as bench
+    import experiments.benchmarks.tepo_parts as bench
     out = tmp_path / "run"
     assert bench.main(FAST + ["--init", warm, "--steps", "2", "--updates-per-batch", "2", "--swap", "kl",
                               "--out", str(out)]) == 0

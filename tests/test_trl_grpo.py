@@ -22,8 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 trl = pytest.importorskip("trl")
 
-import models  # noqa: E402
-import trl_grpo  # noqa: E402
+from engine import models  # noqa: E402
+from multigpu import trl_grpo  # noqa: E402
 from losses import cw_grpo_weights  # noqa: E402
 
 

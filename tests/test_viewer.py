@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import plots
+from experiments import viewer
 from losses import LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,12 +80,12 @@ def test_the_page_holds_token_weights_numbers(tmp_path):
     for i, row in enumerate(group["rows"]):
         n = sum(MASK[i])
         assert row["tokens"] == TOKENS[i][:n]
-        assert row["reward"] == plots.rounded(SAMPLE["rewards"][i])
-        assert row["adv"] == plots.rounded(SAMPLE["advantages"][i])
-        assert row["logp"] == [plots.rounded(x) for x in SAMPLE["logp"][i][:n]]
-        assert row["entropy"] == [plots.rounded(x) for x in SAMPLE["entropy"][i][:n]]
+        assert row["reward"] == viewer.rounded(SAMPLE["rewards"][i])
+        assert row["adv"] == viewer.rounded(SAMPLE["advantages"][i])
+        assert row["logp"] == [viewer.rounded(x) for x in SAMPLE["logp"][i][:n]]
+        assert row["entropy"] == [viewer.rounded(x) for x in SAMPLE["entropy"][i][:n]]
         for name in LOSSES:
-            assert row["w"][name] == [plots.rounded(x) for x in exact[name][0][i, :n].tolist()]
+            assert row["w"][name] == [viewer.rounded(x) for x in exact[name][0][i, :n].tolist()]
             assert row["w"][name] == pytest.approx(figure[name][0][i, :n].tolist(), rel=6e-4, abs=1e-30)
         assert row["kl"] == exact["tepo"][1][i, :n].tolist() == figure["tepo"][1][i, :n].tolist()
     assert any(group["rows"][0]["kl"]) and not any(group["rows"][1]["kl"])     # A > 0 only
@@ -103,7 +104,7 @@ def test_a_control_runs_page_shows_its_own_tr_grpo_weights(tmp_path):
     assert torch.equal(exact["tr_grpo"][0], losses_own("tr_grpo", mean_one=True)["weights"])
     for i, (d, c) in enumerate(zip(default["groups"][0]["rows"], control["groups"][0]["rows"])):
         n = sum(MASK[i])
-        assert c["w"]["tr_grpo"] == [plots.rounded(x) for x in exact["tr_grpo"][0][i, :n].tolist()]
+        assert c["w"]["tr_grpo"] == [viewer.rounded(x) for x in exact["tr_grpo"][0][i, :n].tolist()]
         assert sum(c["w"]["tr_grpo"]) / n == pytest.approx(1.0, abs=1e-3)
         assert min(d["w"]["tr_grpo"]) >= 1.0 and c["w"]["tr_grpo"] != d["w"]["tr_grpo"]
         assert {k: v for k, v in c["w"].items() if k != "tr_grpo"} == {k: v for k, v in d["w"].items()
@@ -117,8 +118,8 @@ def test_a_control_runs_page_shows_its_own_tr_grpo_weights(tmp_path):
 def test_the_same_logs_give_the_same_bytes(tmp_path):
     first = write_page(tmp_path / "a").read_bytes()
     assert write_page(tmp_path / "b").read_bytes() == first
-    assert plots.rounded(float("nan")) is None and plots.rounded(0.123456) == 0.1235
-    assert plots.rounded(1.0) == 1 and isinstance(plots.rounded(1.0), int)
+    assert viewer.rounded(float("nan")) is None and viewer.rounded(0.123456) == 0.1235
+    assert viewer.rounded(1.0) == 1 and isinstance(viewer.rounded(1.0), int)
 
 
 def test_model_text_stays_text(tmp_path):

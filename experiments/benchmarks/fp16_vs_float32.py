@@ -4,9 +4,9 @@ optimizer that does not move the weights. Prints how far fp16 moves the log-prob
 gradient, whether anything overflowed, and the time of each. Exit status 1 when fp16 is not
 finite or its gradient is more than 5% away from float32's.
 
-    python benchmarks/fp16_vs_float32.py                     # SmolLM2-135M on this machine's CPU
-    python benchmarks/fp16_vs_float32.py --device cuda       # on a GPU: the check a T4 user needs
-    python benchmarks/fp16_vs_float32.py --model DIR         # another model (a save_pretrained directory)
+    python -m experiments.benchmarks.fp16_vs_float32                     # SmolLM2-135M on this machine's CPU
+    python -m experiments.benchmarks.fp16_vs_float32 --device cuda       # on a GPU: the check a T4 user needs
+    python -m experiments.benchmarks.fp16_vs_float32 --model DIR  # another model (save_pretrained dir)
 
 On most CPUs fp16 has no matrix instructions and the fp16 pass is slow (docs/performance.md).
 """
@@ -14,15 +14,12 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import models  # noqa: E402
-import train  # noqa: E402
+from engine import models
+import train
 
 
 def main(argv=None):

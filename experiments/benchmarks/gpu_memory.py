@@ -3,13 +3,14 @@ per phase (load, sample, score, update, eval) of a few full steps of train.py at
 settings, inside a memory cap the size of the card.
 
     # one 12 GB card: the qwen-0.5b preset as it is (full fine-tuning, bf16 autocast, checkpointing)
-    python benchmarks/gpu_memory.py --arch qwen2.5-0.5b --cap-gb 12 --steps 3 --json mem-0.5b.json \\
-        -- --preset qwen-0.5b --data /path/to/gsm8k
+    python -m experiments.benchmarks.gpu_memory --arch qwen2.5-0.5b --cap-gb 12 --steps 3 \\
+        --json mem-0.5b.json -- --preset qwen-0.5b --data /path/to/gsm8k
     # one 24 GB card: the qwen-1.5b preset as it is (LoRA rank 64)
-    python benchmarks/gpu_memory.py --arch qwen2.5-1.5b --cap-gb 24 --steps 3 --json mem-1.5b.json \\
-        -- --preset qwen-1.5b --data /path/to/gsm8k
+    python -m experiments.benchmarks.gpu_memory --arch qwen2.5-1.5b --cap-gb 24 --steps 3 \\
+        --json mem-1.5b.json -- --preset qwen-1.5b --data /path/to/gsm8k
     # the CPU smoke test (tests/test_gpu_memory.py): a 2-layer model with the same vocabulary
-    python benchmarks/gpu_memory.py --arch qwen2.5-0.5b --scale-down -- --preset qwen-0.5b --device cpu ...
+    python -m experiments.benchmarks.gpu_memory --arch qwen2.5-0.5b --scale-down \\
+        -- --preset qwen-0.5b --device cpu ...
 
 The models are the real Qwen2.5-0.5B and 1.5B architectures, built from their published configs
 (``PUBLISHED``) with random weights, float32 (seed 0), and saved once under runs/models/random-<arch>
@@ -58,14 +59,12 @@ import time
 from pathlib import Path
 from unittest import mock
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import data  # noqa: E402
-import models  # noqa: E402
-import train  # noqa: E402
+import data
+from engine import models
+import train
 
 # From the published config.json files of Qwen/Qwen2.5-0.5B(-Instruct) and Qwen/Qwen2.5-1.5B(-Instruct).
 _QWEN25 = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,

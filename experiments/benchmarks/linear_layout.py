@@ -1,7 +1,7 @@
 """x @ W.T (F.linear) against (W @ x.T).T (sampling.weight_first_linears) at a decoding step's size.
 
-    python benchmarks/linear_layout.py                 # SmolLM2, 32 rows: about 30 s on 2 cores
-    python benchmarks/linear_layout.py --rows 768      # the size of one update micro-batch
+    python -m experiments.benchmarks.linear_layout                 # SmolLM2, 32 rows: about 30 s on 2 cores
+    python -m experiments.benchmarks.linear_layout --rows 768      # the size of one update micro-batch
 
 Both orders compute the same product; MKL picks other kernels for them. The script runs every
 linear layer of the model in turn, as one decoding step does (so the weights come from memory,
@@ -10,17 +10,13 @@ of the body's matmuls and of the LM head in each order. Rounds alternate the two
 because this machine's speed drifts by 10-25% from one minute to the next.
 """
 import argparse
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import models  # noqa: E402
-import sampling  # noqa: E402
+from engine import models
+from engine import sampling
 
 
 def main(argv=None):

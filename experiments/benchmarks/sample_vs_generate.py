@@ -2,11 +2,12 @@
 seed and knobs, back to back.
 
     # the four settings in the README (about 5 min on 2 cores)
-    python benchmarks/sample_vs_generate.py
+    python -m experiments.benchmarks.sample_vs_generate
     # on a GPU, at the qwen presets' size (a random-weight Qwen from benchmarks/gpu_memory.py)
-    python benchmarks/sample_vs_generate.py --device cuda --qwen-size --model runs/models/random-qwen2.5-0.5b
+    python -m experiments.benchmarks.sample_vs_generate --device cuda --qwen-size \\
+        --model runs/models/random-qwen2.5-0.5b
     # and sample_in_place with a CUDA graph per token (--cuda-graphs), timed beside them
-    python benchmarks/sample_vs_generate.py --device cuda --cuda-graphs
+    python -m experiments.benchmarks.sample_vs_generate --device cuda --cuda-graphs
 
 "generate()" is what rollout() ran before sample(): each prompt prefilled once into a
 DynamicCache, repeated for its group, then `model.generate()`. Prints the seconds of each,
@@ -14,7 +15,7 @@ their ratio and the completion lengths (sample() gains where lengths differ, bec
 rows leave the batch). Greedy, the tokens must be identical; sampled, the two draw different
 random numbers (generate() one per vocabulary entry, sample() one per row), so their samples
 differ: compare their lengths too. "trained" is a run's final/
-(default: the GRPO run of `python compare.py --preset smol`); settings whose model is missing
+(default: the GRPO run of `python -m experiments.compare --preset smol`); settings whose model is missing
 are skipped.
 """
 import argparse
@@ -22,15 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import data  # noqa: E402
-import models  # noqa: E402
-import sampling  # noqa: E402
-import train  # noqa: E402
+import data
+from engine import models
+from engine import sampling
+import train
 
 
 @torch.no_grad()
@@ -122,7 +121,7 @@ def main(argv=None):
         compare("trained", a.trained, 50, 1, 80, 0.7, True, repeats=1, **dev)  # evaluation
     else:
         print(f"skipped the trained model: no {a.trained}/config.json "
-              "(run `python compare.py --preset smol`)")
+              "(run `python -m experiments.compare --preset smol`)")
     return 0
 
 

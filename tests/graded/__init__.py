@@ -1,4 +1,4 @@
-"""Graded tests: one file per part of the assignment (assignment.py); python grade.py runs them.
+"""Graded tests: one file per part of the assignment (assignment.py); python -m course.grade runs them.
 
 A part's tests import only the file the part lives in. ``losses.py`` and ``rewards.py``
 import no other part's file; ``train.py`` imports both, so the completion_mask tests load it
