@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import plots
+from experiments import tables
 from losses import LOSSES
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -122,17 +123,19 @@ def test_token_figure_says_which_tr_grpo_weights_it_draws(tmp_path, monkeypatch,
 
 def test_table_numbers(tmp_path):
     runs = [plots.read_run(make_run(tmp_path, "grpo", s)) for s in (0, 1)]
-    table = plots.summary_table(runs)
+    table = tables.summary_table(runs)
     row = [l for l in table.splitlines() if l.startswith("| grpo")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
+    # Two seeds a and b: the mean, and the t interval with 1 degree of freedom, 12.706 standard
+    # errors of |a - b| / 2 each way: 0.635 for seeds 0.1 apart.
     assert cells == ["grpo", "2",
-                     "0.350 (0.300–0.400)",     # held-out accuracy at the end: 0.3 and 0.4
-                     "0.150 (0.100–0.200)",     # strict: 0.1 and 0.2
-                     "0.850 (0.800–0.900)",     # entropy over steps 8..12: 1 - 0.01 * 10 * (seed + 1)
-                     "1.500 (1.500–1.500)",     # grad norm 0.5 + (s % 3) over s = 1..12: mean 1.5 ...
-                     "2.500 (2.500–2.500)",     # ... and max 2.5
-                     "0.050 (0.000–0.100)",     # truncated: 0.1 * seed
-                     "0.001 (0.001–0.001)"]     # clip_frac 0.01 at step 1 of 12
+                     "0.350 (−0.29 to 0.99)",   # held-out accuracy at the end: 0.3 and 0.4
+                     "0.150 (−0.49 to 0.79)",   # strict: 0.1 and 0.2
+                     "0.850 (0.21–1.49)",       # entropy over steps 8..12: 1 - 0.01 * 10 * (seed + 1)
+                     "1.500 (1.50–1.50)",       # grad norm 0.5 + (s % 3) over s = 1..12: mean 1.5 ...
+                     "2.500 (2.50–2.50)",       # ... and max 2.5
+                     "0.050 (−0.59 to 0.69)",   # truncated: 0.1 * seed
+                     "0.001 (0.00–0.00)"]       # clip_frac 0.01 at step 1 of 12
     assert "Held-out accuracy at step 0: 0.200 (strict 0.050)." in table
     assert math.isclose(plots.ema([1, 0], 0.5)[-1], 0.5)
 
@@ -155,7 +158,7 @@ def test_table_adds_what_acts_where_it_was_logged(tmp_path):
                     line["kl_mask_frac"] = 0.1 * (i + 1)
         (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         runs.append(plots.read_run(run))
-    header, _, grpo, tepo_kl_free, tepo = plots.summary_table(runs).splitlines()[:5]
+    header, _, grpo, tepo_kl_free, tepo = tables.summary_table(runs).splitlines()[:5]
     assert header.endswith("| truncated at the end | clip_frac | abs_log_ratio | kl_mask_frac |")
     assert grpo.startswith("| grpo |") and grpo.endswith("| 0.010 | – |")
     # runs of one loss with different betas are rows of their own, the beta said
@@ -167,7 +170,7 @@ def test_table_adds_what_acts_where_it_was_logged(tmp_path):
 def test_per_seed_table(tmp_path):
     runs = [plots.read_run(make_run(tmp_path, loss, s)) for loss in ("grpo", "tepo") for s in (0, 1)]
     runs = runs[:3]                                        # tepo seed 1 has not run
-    assert plots.per_seed_table(runs).splitlines() == [
+    assert tables.per_seed_table(runs).splitlines() == [
         "| loss | seed 0 | seed 1 |", "|---|---|---|",
         "| grpo | 0.300 (0.100) | 0.400 (0.200) |",
         "| tepo | 0.300 (0.100) | – |"]
@@ -181,7 +184,7 @@ def test_dynamics_table_by_hand(tmp_path):
     dash and no column."""
     runs = [make_run(tmp_path, "grpo", 0), make_run(tmp_path, "grpo", 1), make_run(tmp_path, "tepo", 0)]
     (runs[2] / "config.json").write_text(json.dumps({"loss": "tepo", "seed": 0, "beta": 0.0}))
-    assert plots.dynamics_table([plots.read_run(r) for r in runs]).splitlines() == [
+    assert tables.dynamics_table([plots.read_run(r) for r in runs]).splitlines() == [
         "| loss, seeds 0 / 1 | cut off, first → last | entropy, first → last | KL at the end "
         "| grad norm, step-to-step change / mean | grad norm, largest / median | held-out (strict) |",
         "|---|---|---|---|---|---|---|",
@@ -201,9 +204,9 @@ def test_a_step_fp16_skipped_has_no_gradient_norm(tmp_path):
     records[4].update(grad_norm=float("inf"), skipped_updates=1)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert "Infinity" in (run / "metrics.jsonl").read_text()
-    row = plots.dynamics_table([plots.read_run(run)]).splitlines()[2]
+    row = tables.dynamics_table([plots.read_run(run)]).splitlines()[2]
     assert row.endswith("| 1.00 | 1.67 | 0.300 (0.100) |"), row
-    assert "| 1.500 | 2.500 |" in plots.summary_table([plots.read_run(run)])      # grad norm mean, max
+    assert "| 1.500 | 2.500 |" in tables.summary_table([plots.read_run(run)])      # grad norm mean, max
     assert plots.main([str(run), "--out", str(tmp_path / "f")]) == 0
 
 
@@ -224,10 +227,10 @@ def test_steps_with_no_gradient_are_left_out_of_the_smoothness(tmp_path):
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return plots.read_run(run)
     runs = [collapsed(tmp_path, 0, moving=4), collapsed(tmp_path, 1, moving=1)]
-    row = plots.dynamics_table(runs).splitlines()[2]
+    row = tables.dynamics_table(runs).splitlines()[2]
     assert "| 0.89 / – | 1.67 / – |" in row, row
-    no_signal = plots.over_time_table(runs).split("no learning signal (every reward in the group equal)")[1]
-    assert no_signal.splitlines()[-1] == "| tepo | 0.50 (0.50–0.50) | 1.00 (1.00–1.00) |"
+    no_signal = tables.over_time_table(runs).split("no learning signal (every reward in the group equal)")[1]
+    assert no_signal.splitlines()[-1] == "| tepo | 0.50 (0.5–0.5) | 1.00 (1.0–1.0) |"
     assert plots.main([str(r["dir"]) for r in runs] + ["--out", str(tmp_path / "f"), "--table"]) == 0
     runs[0]["train"][1]["grad_norm"] = 30.0                             # step 2: 2.5 -> 30, a spike
     fig, ax = plt.subplots()
@@ -251,20 +254,20 @@ def test_over_time_table_by_hand(tmp_path):
         return plots.read_run(run)
     runs = [evaluated(tmp_path, "grpo", 0), evaluated(tmp_path, "grpo", 1),
             evaluated(tmp_path, "tepo", 0, stop=7)]
-    assert plots.over_time_table(runs).splitlines() == [
+    assert tables.over_time_table(runs).splitlines() == [
         "Held-out accuracy at each evaluation:", "",
         "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
-        "| grpo | 0.200 (0.200–0.200) | 0.300 (0.250–0.350) | 0.350 (0.300–0.400) |",
+        "| grpo | 0.200 (0.20–0.20) | 0.300 (−0.34 to 0.94) | 0.350 (−0.29 to 0.99) |",   # ± 12.706 |a-b|/2
         "| tepo | 0.200 | 0.250 | – |", "",
         "Entropy around each evaluation (the mean of the 5 steps up to it; at step 0, the first step's):",
         "",
         "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
-        "| grpo | 0.985 (0.980–0.990) | 0.955 (0.940–0.970) | 0.880 (0.840–0.920) |",
+        "| grpo | 0.985 (0.92–1.05) | 0.955 (0.76–1.15) | 0.880 (0.37–1.39) |",
         "| tepo | 0.990 | 0.970 | – |", "",
         "Share of completions cut off at the token budget around each evaluation (the mean of the 5"
         " steps up to it; at step 0, the first step's):", "",
         "| loss | step 0 | step 5 | step 10 |", "|---|---|---|---|",
-        "| grpo | 0.050 (0.000–0.100) | 0.050 (0.000–0.100) | 0.050 (0.000–0.100) |",
+        "| grpo | 0.050 (−0.59 to 0.69) | 0.050 (−0.59 to 0.69) | 0.050 (−0.59 to 0.69) |",
         "| tepo | 0.000 | 0.000 | – |"]                  # no completion_len logged: no table of it
     assert plots.main([str(r["dir"]) for r in runs] + ["--out", str(tmp_path / "f"), "--table"]) == 0
     assert "Held-out accuracy at each evaluation" in (tmp_path / "f" / "results.md").read_text()
@@ -279,7 +282,7 @@ def test_table_of_one_seed_and_of_old_logs(tmp_path):
     for l in lines:                                        # a log written before eval_strict existed
         l.pop("eval_strict", None)
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n")
-    row = plots.summary_table([plots.read_run(run)]).splitlines()[2]
+    row = tables.summary_table([plots.read_run(run)]).splitlines()[2]
     assert row.startswith("| tepo | 1 | 0.600 | – | ")       # one seed: the value alone; no strict: a dash
 
 
@@ -319,7 +322,7 @@ CONTROLS = ("grpo-beta0", "tepo-fullkl", "tr_grpo-mean1")       # compare.CONTRO
     (["compare-smol-active", "compare-smol-active-controls"], "figures/controls", None, False)])
 def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures, whole, over_time):
     """`make figures` redraws the README's figures and tables from logs/ alone; each table it
-    writes is in docs/results.md (the summary table of the common setting in the README instead;
+    writes is in docs/results.md (the summary with intervals, each arm against its reference,
     every run's final accuracy, the run-by-run dynamics and, for the settings evaluated every 25
     steps, the tables over time) whole: header, separator, rows, in order. Neither can drift
     from the logs: a number edited by hand goes red, and so does a run added without redrawing.
@@ -342,11 +345,13 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     written = (tmp_path / "results.md").read_text()
     tables = re.findall(r"(?m)(?:^\|.*\n)+", written)
     losses = {r.name.rsplit("-s", 1)[0] for r in runs}
-    assert [len(t.splitlines()) for t in tables] == [2 + len(losses)] * (3 + 5 * over_time)
-    summary, where = (readme, "README") if logs == ["compare-smol"] else (results, "docs/results.md")
-    assert tables[0] in summary, f"{where} table != make figures:\n" + tables[0]
-    for table in tables[1:]:
+    per_loss = [t for t in tables if not t.startswith("| arm")]
+    assert [len(t.splitlines()) for t in per_loss] == [2 + len(losses)] * (3 + 5 * over_time)
+    compared = [t for t in tables if t.startswith("| arm")]       # every arm against its reference
+    assert len(compared) == 1 and len(compared[0].splitlines()) == 2 + len(losses) - 1
+    for table in tables:
         assert table in results, "docs/results.md table != make figures:\n" + table
+    assert "| loss" not in readme       # the README states the results in short, results.md has the tables
     assert written == (repo / "docs" / figures / "results.md").read_text()
     for name in ["summary.png", "token_weights.png"]:
         assert_png(repo / "docs" / figures / name)

@@ -1,0 +1,245 @@
+"""The results tables of `plots.py --table` (written to results.md beside the figures): per loss, the
+mean over seeds with a 95% interval over seeds; each variant against GRPO and each control against
+the loss it controls, with the difference, its interval and a permutation p over seeds; every
+run's final accuracy and dynamics; accuracy and entropy at each evaluation.
+
+For the reader who compares runs; plots.py calls it, the statistics are experiments/stats.py's.
+"""
+import statistics
+
+from experiments import stats
+from plots import by_loss, largest_over_median, moved, variant
+
+
+def spread(values, digits=3):
+    """'mean (lo–hi)': the mean over seeds and its 95% Student t interval over seeds (stats.py);
+    the mean alone for one seed, '–' for none."""
+    return stats.format_mean(values, digits=digits)
+
+
+def summary_table(runs, last=5):
+    """A row per loss: the mean over its seeds and its 95% interval over seeds. 'At the end' means
+    the mean over the last `last` steps; the gradient norm is before clipping; clip_frac, abs_log_ratio and kl_mask_frac
+    are means over all steps (each step's over every update). The abs_log_ratio and kl_mask_frac
+    columns appear only when some run logged them (kl_mask_frac: TEPO with beta > 0)."""
+    mean = lambda xs: sum(xs) / len(xs)
+    at_end = lambda values: mean(values[-last:])
+    columns = [("entropy at the end", "entropy", at_end), ("grad norm, mean", "grad_norm", mean),
+               ("grad norm, max", "grad_norm", max), ("truncated at the end", "truncated_frac", at_end),
+               ("clip_frac", "clip_frac", mean), ("abs_log_ratio", "abs_log_ratio", mean),
+               ("kl_mask_frac", "kl_mask_frac", mean)]          # (header, metric, reduction over steps)
+
+    def per_run(group, key, f):
+        return [f([x[key] for x in r["train"] if key in x]) for r in group
+                if r["train"] and key in r["train"][0] and not masks_nothing(r, key)]
+
+    columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
+    rows = ["| loss | seeds | held-out acc. | strict acc. | " + " | ".join(c[0] for c in columns) + " |",
+            "|" + "---|" * (4 + len(columns))]
+    for loss, group in by_loss(runs):
+        ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
+        rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
+                    f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | "
+                    + " | ".join(spread(per_run(group, key, f)) for _, key, f in columns) + " |")
+    starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict"))
+                     for r in runs if r["eval"]}, key=str)
+    start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
+    return ("\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
+            + "\nMean over seeds, and in brackets its 95% interval over seeds (Student t, n − 1 degrees of "
+            "freedom; one digit fewer): a run is one sample, never a step. With 3 seeds the interval is 4.30 "
+            "standard errors wide each way and can reach past what the number can take (below 0, above 1). "
+            "One seed: the mean alone.\n")
+
+
+def masks_nothing(run, key):
+    """kl_mask_frac of a run with beta = 0 (older logs have it): the mask multiplied nothing."""
+    return key == "kl_mask_frac" and run["config"].get("beta", 1) == 0
+
+
+def final_accuracy(run):
+    """'0.715 (0.635)': the last held-out accuracy, strict in brackets (older logs: none)."""
+    end = run["eval"][-1]
+    strict = f" ({end['eval_strict']:.3f})" if "eval_strict" in end else ""
+    return f"{end['eval_accuracy']:.3f}{strict}"
+
+
+def per_seed_table(runs):
+    """Final held-out accuracy of every run, strict accuracy in brackets: a row per loss, a column
+    per seed."""
+    seeds = sorted({r["seed"] for r in runs}, key=str)
+    rows = ["| loss | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for loss, group in by_loss(runs):
+        cell = {r["seed"]: final_accuracy(r) for r in group if len(r["eval"]) > 1}
+        rows.append(f"| {loss} | " + " | ".join(cell.get(s, "–") for s in seeds) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def dynamics_table(runs):
+    """Run by run, how a run moved: completion length, the share cut off at the token budget and
+    entropy at the first and the last step; the KL to the reference (median of the last 5 steps:
+    one step can spike); the gradient norm's smoothness, which its mean hides (TR-GRPO's weights
+    of 1-1.4 scale the norm up): its mean step-to-step change over its mean, and its largest
+    value over its median (a spike), both over the steps that updated the model (`moved`); the
+    final held-out accuracy, strict in brackets. A row per loss, its seeds separated by " / "."""
+    seeds = sorted({r["seed"] for r in runs}, key=str)
+
+    def first_last(fmt):
+        return lambda v: f"{v[0]:{fmt}} → {v[-1]:{fmt}}"
+
+    def change(g):
+        return statistics.mean(abs(b - a) for a, b in zip(g, g[1:])) / statistics.mean(g)
+
+    def smoothness(stat):    # over the steps that moved the model; "–" where fewer than two did
+        return lambda g: f"{stat(m):.2f}" if len(m := moved(g)) > 1 else "–"
+    columns = [   # (header, metric, its values over the steps -> the cell)
+        ("completion length, first → last step", "completion_len", first_last(".0f")),
+        ("cut off, first → last", "truncated_frac", first_last(".0%")),
+        ("entropy, first → last", "entropy", first_last(".2f")),
+        ("KL at the end", "kl", lambda v: f"{statistics.median(v[-5:]):.2f}"),
+        ("grad norm, step-to-step change / mean", "grad_norm", smoothness(change)),
+        ("grad norm, largest / median", "grad_norm", smoothness(largest_over_median))]
+
+    def logged(r, key):      # at two steps or more; the KL only where there is a reference model
+        beta = r["config"].get("beta", 1)
+        return len(r["train"]) > 1 and key in r["train"][0] and (key != "kl" or beta != 0)
+    columns = [c for c in columns if any(logged(r, c[1]) for r in runs)]    # no reference model: no KL
+    header = [f"loss, seeds {' / '.join(map(str, seeds))}", *(c[0] for c in columns), "held-out (strict)"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for loss, group in by_loss(runs):
+        of_seed = {r["seed"]: r for r in group}
+
+        def cell(f, enough):         # one value per seed; "–" where the run has not logged it (yet)
+            return " / ".join(f(of_seed[s]) if s in of_seed and enough(of_seed[s]) else "–" for s in seeds)
+        cells = [cell(lambda r: f([x[key] for x in r["train"] if key in x]), lambda r: logged(r, key))
+                 for _, key, f in columns]
+        cells.append(cell(final_accuracy, lambda r: len(r["eval"]) > 1))
+        rows.append(f"| {loss} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+AROUND = [("entropy", "Entropy", 3),     # (metric, name, digits): averaged around each evaluation
+          ("truncated_frac", "Share of completions cut off at the token budget", 3),
+          ("completion_len", "Completion length in tokens", 1),
+          ("frac_zero_std", "Share of groups with no learning signal (every reward in the group equal)", 2)]
+
+
+def over_time_table(runs, window=5):
+    """For runs evaluated along the way (--eval-every): held-out accuracy at every evaluation, and
+    the entropy, the share cut off, the completion length and the share of groups with no signal
+    around it (the mean of the `window` training steps up to it; at step 0, the first step's),
+    per loss: mean (min–max) over the seeds that got there. A column per evaluation; a metric
+    no run logged gets no table."""
+    steps = sorted({e["step"] for r in runs for e in r["eval"]})
+    logged = [m for m in AROUND if any(m[0] in x for r in runs for x in r["train"])]
+    rows = {"acc": []} | {key: [] for key, _, _ in logged}
+    for loss, group in by_loss(runs):
+        evals = [{e["step"]: e for e in r["eval"]} for r in group]
+        at = [[by_step.get(step) for by_step in evals] for step in steps]     # [step][seed]
+        acc = [spread([e["eval_accuracy"] for e in seeds if e]) for seeds in at]
+        rows["acc"].append(f"| {loss} | " + " | ".join(acc) + " |")
+        for key, _, digits in logged:
+            cells = []
+            for step, seeds in zip(steps, at):
+                around = [[x[key] for x in r["train"] if step - window < x["step"] <= max(step, 1)
+                           and key in x] for r, e in zip(group, seeds) if e]
+                cells.append(spread([sum(v) / len(v) for v in around if v], digits))
+            rows[key].append(f"| {loss} | " + " | ".join(cells) + " |")
+    header = "| loss | " + " | ".join(f"step {s}" for s in steps) + " |\n|---|" + "---|" * len(steps) + "\n"
+    text = "Held-out accuracy at each evaluation:\n\n" + header + "\n".join(rows["acc"]) + "\n"
+    for key, name, _ in logged:
+        text += (f"\n{name} around each evaluation (the mean of the {window} steps up to it;"
+                 " at step 0, the first step's):\n\n" + header + "\n".join(rows[key]) + "\n")
+    return text
+
+
+# ----------------------------------------------------------------------------------------
+# Differences: each variant against GRPO, each control (or other reading) against its loss
+
+COMPARED = [   # (header, the one number of a run; None where the run has not logged it)
+    ("held-out acc. at the end",
+     lambda r, last: r["eval"][-1]["eval_accuracy"] if len(r["eval"]) > 1 else None),
+    ("entropy at the end", lambda r, last: _at_end(r, "entropy", last)),
+    ("grad norm before clipping, mean", lambda r, last: _over_steps(r, "grad_norm")),
+    ("pass@k at the end", lambda r, last: next((e["eval_pass_at_k"] for e in r["eval"][1:][-1:]
+                                                if "eval_pass_at_k" in e), None)),
+]
+
+
+def _at_end(run, key, last):
+    values = [x[key] for x in run["train"] if key in x]
+    return sum(values[-last:]) / len(values[-last:]) if values else None
+
+
+def _over_steps(run, key):
+    values = [x[key] for x in run["train"] if key in x]
+    return sum(values) / len(values) if values else None
+
+
+def reference_of(label, group, groups):
+    """The label of the arm a row is compared with: a control or another reading against its own
+    loss (the same loss with no option on; a KL-free run against the loss with its KL), a variant
+    against GRPO, GRPO against nothing (None)."""
+    loss, beta = group[0]["loss"], group[0]["config"].get("beta")
+    plain = {lab: g for lab, g in groups.items() if g[0]["loss"] == loss and variant(g[0]) == loss}
+    main = max(plain, key=lambda lab: plain[lab][0]["config"].get("beta") or 0, default=None)
+    if label != main:
+        return main if main != label else None
+    if loss == "grpo":
+        return None
+    grpo = {lab: g for lab, g in groups.items() if g[0]["loss"] == "grpo" and variant(g[0]) == "grpo"}
+    same_beta = [lab for lab, g in grpo.items() if g[0]["config"].get("beta") == beta]
+    return (same_beta or [None])[0]
+
+
+def comparison_table(runs, last=5):
+    """A row per arm against its reference (reference_of): for each number of COMPARED, the
+    difference of the means over seeds (arm − reference), its 95% interval (Welch), the exact
+    two-sided permutation p over seeds, and the seeds per arm that 80% power at this difference
+    would need. Bold where the interval excludes 0 (resolved); '–' where either arm has fewer than
+    two seeds with the number. The pass@k column appears only where runs logged it."""
+    groups = dict(by_loss(runs))
+    pairs = [(label, ref) for label, group in groups.items()
+             if (ref := reference_of(label, group, groups)) is not None]
+    if not pairs:
+        return ""
+    values = {label: {h: [v for r in g if (v := f(r, last)) is not None] for h, f in COMPARED}
+              for label, g in groups.items()}
+    headers = [h for h, _ in COMPARED if any(values[lab][h] for pair in pairs for lab in pair)]
+
+    def cell(a, b):
+        if len(a) < 2 or len(b) < 2:
+            return "–"
+        c = stats.compare(a, b)
+        text = stats.format_comparison(c)
+        return f"**{text}**" if c.resolved else text
+    rows = ["| arm − reference | seeds | " + " | ".join(headers) + " |", "|" + "---|" * (2 + len(headers))]
+    for label, ref in pairs:
+        n = f"{len(groups[label])} vs {len(groups[ref])}"
+        rows.append(f"| {label} − {ref} | {n} | "
+                    + " | ".join(cell(values[label][h], values[ref][h]) for h in headers) + " |")
+    k = sorted({r["config"].get("pass_k") for r in runs
+                if any("eval_pass_at_k" in e for e in r["eval"])})
+    note = f" pass@k: k = {', '.join(map(str, k))}, at the sampling temperature." if k else ""
+    return ("\n".join(rows) + "\n\nEach cell: the difference of the means over seeds, its 95% interval "
+            "(Welch's t), the exact two-sided permutation p over seeds, and the seeds per arm that 80% power "
+            "at this difference and spread would need. **Bold**: resolved (the interval excludes 0); "
+            "otherwise the seeds cannot tell the arms apart, which does not show them equal. "
+            "With 3 seeds against 3 the permutation p cannot go below 0.10, and the t multiplier is "
+            "4.30 standard errors, so an interval can reach past what the number can take (below 0)." + note + "\n")
+
+
+def results_tables(runs):
+    """The text of results.md: the summary per loss, every run's final accuracy, every run's
+    dynamics, and (runs evaluated along the way) the table at each evaluation."""
+    comparisons = comparison_table(runs)
+    table = (summary_table(runs)
+             + ("\nEach arm against GRPO, and each control against its loss:\n\n" + comparisons
+                if comparisons else "")
+             + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
+             + per_seed_table(runs)
+             + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"
+             + "\nand its largest value over its median, over the steps with a gradient):\n\n"
+             + dynamics_table(runs))
+    if any(len(r["eval"]) > 2 for r in runs):                 # evaluated along the way
+        table += "\n" + over_time_table(runs)
+    return table
