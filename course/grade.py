@@ -178,10 +178,15 @@ def part_files():
 
 
 def grading_tree(source, dest):
-    """A pristine copy of what grading needs from ``source``: its Python files, pytest.ini, and
-    its graded and hidden tests (no runs, no logs, no other tests)."""
+    """A pristine copy of what grading needs from ``source``: its Python files (the root's, and the
+    folders train.py and the grader import), pytest.ini, and its graded and hidden tests (no runs,
+    no logs, no other tests)."""
     for path in sorted(source.glob("*.py")) + [source / "pytest.ini"]:
         shutil.copy2(path, dest / path.name)
+    for folder in ("engine", "course"):
+        (dest / folder).mkdir()
+        for path in sorted((source / folder).glob("*.py")):
+            shutil.copy2(path, dest / folder / path.name)
     for folder in SETS.values():
         if (source / folder).is_dir():
             shutil.copytree(source / folder, dest / folder,
