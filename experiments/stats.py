@@ -314,8 +314,10 @@ def compare(a, b, level=0.95, power=0.8):
 
 
 def signed(x, digits):
-    """'+0.067', '−0.050' (a typographic minus): a difference, with its sign always shown."""
-    return f"{'+' if x >= 0 else MINUS}{abs(x):.{digits}f}"
+    """'+0.067', '−0.050' (a typographic minus): a difference, with its sign always shown; one
+    that rounds to 0 is '+0.00'."""
+    text = f"{abs(x):.{digits}f}"
+    return f"{MINUS if x < 0 and float(text) != 0 else '+'}{text}"
 
 
 def format_p(p):
@@ -332,12 +334,14 @@ def format_mean(values, level=0.95, digits=3):
         return "–"
     m = mean_ci(values, level)
 
-    def number(x, d):
-        return f"{MINUS if x < 0 else ''}{abs(x):.{d}f}"
+    def number(x, d):              # no minus on a bound that rounds to 0: "0.00", not "−0.00"
+        text = f"{abs(x):.{d}f}"
+        return f"{MINUS if x < 0 and float(text) != 0 else ''}{text}"
     if m.lo is None:
         return number(m.value, digits)
-    dash = " to " if m.lo < 0 else "–"
-    return f"{number(m.value, digits)} ({number(m.lo, digits - 1)}{dash}{number(m.hi, digits - 1)})"
+    lo = number(m.lo, digits - 1)
+    dash = " to " if lo.startswith(MINUS) else "–"
+    return f"{number(m.value, digits)} ({lo}{dash}{number(m.hi, digits - 1)})"
 
 
 def format_comparison(c, digits=3):

@@ -19,9 +19,10 @@ def spread(values, digits=3):
 
 def summary_table(runs, last=5):
     """A row per loss: the mean over its seeds and its 95% interval over seeds. 'At the end' means
-    the mean over the last `last` steps; the gradient norm is before clipping; clip_frac, abs_log_ratio and kl_mask_frac
-    are means over all steps (each step's over every update). The abs_log_ratio and kl_mask_frac
-    columns appear only when some run logged them (kl_mask_frac: TEPO with beta > 0)."""
+    the mean over the last `last` steps; the gradient norm is before clipping; clip_frac,
+    abs_log_ratio and kl_mask_frac are means over all steps (each step's over every update). The
+    abs_log_ratio and kl_mask_frac columns appear only when some run logged them (kl_mask_frac:
+    TEPO with beta > 0)."""
     mean = lambda xs: sum(xs) / len(xs)
     at_end = lambda values: mean(values[-last:])
     columns = [("entropy at the end", "entropy", at_end), ("grad norm, mean", "grad_norm", mean),
@@ -225,7 +226,8 @@ def comparison_table(runs, last=5):
             "at this difference and spread would need. **Bold**: resolved (the interval excludes 0); "
             "otherwise the seeds cannot tell the arms apart, which does not show them equal. "
             "With 3 seeds against 3 the permutation p cannot go below 0.10, and the t multiplier is "
-            "4.30 standard errors, so an interval can reach past what the number can take (below 0)." + note + "\n")
+            "4.30 standard errors, so an interval can reach past what the number can take (below 0)."
+            + note + "\n")
 
 
 def results_tables(runs):

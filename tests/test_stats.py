@@ -267,3 +267,10 @@ def test_band_is_mean_ci_step_by_step_over_the_seeds_present():
     pairs = [(list(s), list(s.values())) for s in (seed0, seed1, seed2)]    # (steps, values), as plots.py
     for same in (band(pairs), band({0: seed0, 1: seed1, 2: seed2})):      # or a dict keyed by seed
         assert same[:2] == (steps, mean) and same[2][:3] == lo[:3] and same[3][:3] == hi[:3]
+
+
+def test_a_bound_that_rounds_to_zero_has_no_minus_sign():
+    """−0.001 at two digits is "0.00": a minus sign on a zero would read as a real negative bound."""
+    assert format_mean([0.0, 0.001, 0.002], digits=3).endswith("(0.00–0.00)")
+    assert stats.signed(-0.0004, 3) == "+0.000" and stats.signed(-0.004, 2) == "+0.00"
+    assert stats.signed(-0.006, 2) == "\u22120.01"
