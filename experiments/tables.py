@@ -26,7 +26,7 @@ def summary_table(runs, last=5):
     mean = lambda xs: sum(xs) / len(xs)
     at_end = lambda values: mean(values[-last:])
     columns = [("entropy at the end", "entropy", at_end), ("grad norm, mean", "grad_norm", mean),
-               ("grad norm, max", "grad_norm", max), ("truncated at the end", "truncated_frac", at_end),
+               ("grad norm, max", "grad_norm", max), ("cut off at the end", "truncated_frac", at_end),
                ("clip_frac", "clip_frac", mean), ("abs_log_ratio", "abs_log_ratio", mean),
                ("kl_mask_frac", "kl_mask_frac", mean)]          # (header, metric, reduction over steps)
 

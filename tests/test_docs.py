@@ -3,8 +3,10 @@ and headings that exist, train.py is the algorithm (no speed device defined in i
 ships inside the repo, and no line is longer than pyproject.toml's limit."""
 import ast
 import functools
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,41 @@ def test_our_code_calls_no_deprecated_transformers_api():
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if deprecated.search(line)]
     assert not offenders, offenders
+
+
+# Every command the docs give, as a reader would copy it: `python X.py ...` or `python -m a.b ...`.
+COMMAND = re.compile(r"python3? (?:-m pdb )?(?:-m ([\w.]+)|([\w/]+\.py))")
+
+
+def documented_commands():
+    """{script or module: [where it is written]} from the README, docs/ and logs/README.md."""
+    found = {}
+    for doc in [*DOCS, REPO / "logs" / "README.md"]:
+        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for module, script in COMMAND.findall(line):
+                name = module or script
+                if module in ("pytest", "pip", "venv", "pdb", "http.server"):
+                    continue
+                found.setdefault(name, []).append(f"{doc.relative_to(REPO)}:{number}")
+    return found
+
+
+def test_every_documented_command_names_a_file_of_the_repo():
+    """A command moved with its file (`python compare.py` became `python -m experiments.compare`):
+    every script or module the docs run exists where the command says, from the repo root."""
+    def path(name):
+        return REPO / name if name.endswith(".py") else REPO / (name.replace(".", "/") + ".py")
+    missing = [f"{name} ({', '.join(where[:3])})" for name, where in documented_commands().items()
+               if not path(name).exists()]
+    assert not missing, "the docs run files that do not exist:\n" + "\n".join(missing)
+
+
+@pytest.mark.slow
+def test_every_documented_command_answers_help():
+    """Each of them starts from the root and prints its usage: the imports it needs resolve there."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    for name in sorted(documented_commands()):
+        command = [sys.executable, name] if name.endswith(".py") else [sys.executable, "-m", name]
+        run = subprocess.run(command + ["--help"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                             env=env)
+        assert run.returncode == 0 and "usage" in run.stdout.lower(), f"{name}:\n{run.stderr[-2000:]}"

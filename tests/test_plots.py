@@ -159,7 +159,7 @@ def test_table_adds_what_acts_where_it_was_logged(tmp_path):
         (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         runs.append(plots.read_run(run))
     header, _, grpo, tepo_kl_free, tepo = tables.summary_table(runs).splitlines()[:5]
-    assert header.endswith("| truncated at the end | clip_frac | abs_log_ratio | kl_mask_frac |")
+    assert header.endswith("| cut off at the end | clip_frac | abs_log_ratio | kl_mask_frac |")
     assert grpo.startswith("| grpo |") and grpo.endswith("| 0.010 | – |")
     # runs of one loss with different betas are rows of their own, the beta said
     assert tepo.startswith("| tepo β=0.04 | 1 |") and tepo.endswith("| 0.020 | 0.200 |")

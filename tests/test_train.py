@@ -673,6 +673,8 @@ def test_tepo_clip_records_ratio_one_then_moved_ratios(warm, tmp_path):
     assert second["max_abs_log_s"] > 0.0                                    # after one update it moved
     shares = list(second["clipped"].values())                               # ranges from wide to narrow
     assert shares == sorted(shares) and shares[-1] > 0.0
+    with pytest.raises(SystemExit, match="--loss can only be tepo"):            # not silently ignored
+        bench.main(FAST + ["--init", warm, "--loss", "grpo", "--out", str(tmp_path / "other")])
 
 
 def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp_path, capsys):

@@ -66,6 +66,8 @@ def summarise(calls, updates):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--loss" in argv and argv[argv.index("--loss") + 1:][:1] != ["tepo"]:
+        raise SystemExit("error: tepo_clip measures TEPO's clip of whole answers: --loss can only be tepo")
     defaults = {"--preset": "smol", "--updates-per-batch": "2", "--out": "runs/tepo-clip"}
     argv += [x for k, v in defaults.items() if k not in argv for x in (k, v)] + ["--loss", "tepo"]
     cfg = train.parse_config(argv)
