@@ -51,18 +51,18 @@ PANELS = {   # metric -> (title, y label)
 def read_jsonl(path, numbered=False):
     """Records of a JSONL file, each a JSON object with a whole-number "step" (else an error naming
     the line); a half-written last line (run in progress) is skipped. numbered: (line, record) pairs."""
-    records, lines = [], Path(path).read_text(encoding="utf-8").splitlines()
+    records, lines = [], Path(path).read_bytes().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):       # a cut-off last line may end mid-character
             if i == len(lines) - 1:
                 print(f"warning: {path}: skipping an incomplete last line (run still writing?)",
                       file=sys.stderr)
                 continue
-            raise SystemExit(f"error: {path}, line {i + 1}: not valid JSON")
+            raise SystemExit(f"error: {path}, line {i + 1}: not valid JSON (in UTF-8)")
         if not isinstance(record, dict):
             raise SystemExit(f"error: {path}, line {i + 1}: not a JSON object")
         step = record.get("step")

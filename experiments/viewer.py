@@ -208,7 +208,7 @@ def write_pages(runs, out):
         pages[out / "pages" / f"{name}.html"] = viewer_page(run, records)
     for path, page in pages.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8", newline="\n")
+        path.write_text(page, encoding="utf-8", errors="backslashreplace", newline="\n")  # a lone \udcff
     return list(pages)
 
 

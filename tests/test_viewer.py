@@ -390,3 +390,21 @@ def elements(dom):
     parser.handle_starttag = lambda tag, attrs: found.append((tag, attrs))
     parser.feed(dom)
     return found
+
+
+def test_bytes_that_are_not_utf8_are_an_error_naming_the_line_unless_cut_off_last(tmp_path, capsys):
+    run = make_run(tmp_path, samples=[SAMPLE, SAMPLE])
+    good = (run / "samples.jsonl").read_bytes()
+    (run / "samples.jsonl").write_bytes(good.replace(b"Q: 7", b"Q: \xff7", 1))
+    assert "samples.jsonl, line 1: not valid JSON" in html_error(tmp_path, run)
+    (run / "samples.jsonl").write_bytes(good + '{"step": 4, "prompt": "caf\u00e9'.encode()[:-1])
+    assert plots.main([str(run), "--out", str(tmp_path / "out"), "--html"]) == 0     # a run still writing
+    assert "skipping an incomplete last line" in capsys.readouterr().err
+
+
+def test_lone_surrogates_in_logs_give_a_page(tmp_path):
+    """JSON may hold a lone surrogate (\\ud800), and a directory name undecodable bytes: the page
+    is still written, the character shown escaped (was: UnicodeEncodeError writing the page)."""
+    page = write_page(tmp_path, samples=[with_group(prompt="a\ud800b")], preset="x\udcffy")
+    text = page.read_text(encoding="utf-8")
+    assert "x\\udcffy preset" in text and page_data(text)["groups"][0]["prompt"] == "a\ud800b"
