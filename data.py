@@ -13,6 +13,11 @@ from pathlib import Path
 
 from rewards import gold_answer
 
+# The longest question or worked answer a data file may hold, in characters: 8x GSM8K's longest
+# (985 and 1,228), ~2.5k tokens. Longer is no word problem but a broken file, and would fill the
+# model's context (or its memory, G answers at a time) instead of failing here with its line.
+MAX_CHARS = 10_000
+
 SYSTEM_PROMPT = ("You are a careful math tutor. Solve the problem step by step, briefly, "
                  "then give the final answer on its own last line as '#### <number>'.")
 
@@ -54,11 +59,15 @@ def load_gsm8k(split, path=None):
     if not path.is_file():
         raise FileNotFoundError(f"GSM8K file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            rows.append(_parse_row(line, path, lineno))
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}, line {lineno}: not UTF-8 text (byte {e.start + 1}: "
+                                 f"{raw[e.start:e.start + 1]!r}); save the file as UTF-8") from None
+            if line.strip():
+                rows.append(_parse_row(line, path, lineno))
     if not rows:
         raise ValueError(f"{path}: no problems in the file (it is empty)")
     return rows
@@ -75,10 +84,13 @@ def _parse_row(line, path, lineno):
     for key in ("question", "answer"):
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise ValueError(f"{where}: field '{key}' is missing or not a non-empty string")
+        if len(row[key]) > MAX_CHARS:
+            raise ValueError(f"{where}: field '{key}' is {len(row[key]):,} characters long; "
+                             f"a problem may have {MAX_CHARS:,} at most (data.MAX_CHARS)")
     try:
         gold_answer(row["answer"])
     except ValueError as e:
-        raise ValueError(f"{where}: the answer has no final '#### <number>' line ({e})") from None
+        raise ValueError(f"{where}: {e}") from None
     return {"question": row["question"], "answer": row["answer"]}
 
 

@@ -48,20 +48,28 @@ PANELS = {   # metric -> (title, y label)
 # ----------------------------------------------------------------------------------------
 # Reading runs
 
-def read_jsonl(path):
-    """Records of a JSONL file; a half-written last line (run in progress) is skipped."""
-    records, lines = [], Path(path).read_text(encoding="utf-8").splitlines()
+def read_jsonl(path, numbered=False):
+    """Records of a JSONL file, each a JSON object with a whole-number "step" (else an error naming
+    the line); a half-written last line (run in progress) is skipped. numbered: (line, record) pairs."""
+    records, lines = [], Path(path).read_bytes().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):       # a cut-off last line may end mid-character
             if i == len(lines) - 1:
                 print(f"warning: {path}: skipping an incomplete last line (run still writing?)",
                       file=sys.stderr)
-            else:
-                raise SystemExit(f"error: {path}, line {i + 1}: not valid JSON")
+                continue
+            raise SystemExit(f"error: {path}, line {i + 1}: not valid JSON (in UTF-8)")
+        if not isinstance(record, dict):
+            raise SystemExit(f"error: {path}, line {i + 1}: not a JSON object")
+        step = record.get("step")
+        if type(step) is not int or not 0 <= step < 2 ** 53:     # a string step once reached the page
+            raise SystemExit(f"error: {path}, line {i + 1}: 'step' is {step!r:.40}, not a whole number "
+                             "from 0")
+        records.append((i + 1, record) if numbered else record)
     return records
 
 

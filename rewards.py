@@ -10,12 +10,16 @@ catastrophically, so even megabytes of hostile output are graded in milliseconds
 import re
 from fractions import Fraction
 
-# A number as people write it: optional sign (a minus only when it is not a subtraction,
-# i.e. not glued to a preceding word or digit), thousands commas, decimals.
-NUMBER = r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])[-+]?\.\d+"
+# A number as people write it: optional sign (a minus only when it is not a subtraction, i.e.
+# not glued to a preceding word or digit), thousands commas, decimals, an optional "/ q" (3/4).
+# Read whole or not at all: glued to what would continue it (a letter or digit: "12abc", "1.5e3",
+# "x2"; more decimals, digit groups or "/ digits": "1.2.3", "1,2345", "1/2/3"), it is no number,
+# never a piece of one (1e400 is not 1, 1,2345 not 2345). So no scientific notation (GSM8K has none).
+_DECIMAL = r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
+NUMBER = (r"(?<![\w./])(?<!\d,)(?<!/ )[-+]?" + _DECIMAL + r"(?:[ \t]*/[ \t]*" + _DECIMAL + r")?"
+          r"(?!\w|[.,]\d|[ \t]*/[ \t]*\d)")
 _NUMBER = re.compile(NUMBER, re.ASCII)          # ASCII digits only: "٣" is not a 3 here
-_FRACTION = re.compile(r"\\[dt]?frac\{\s*([-+]?[\d.,]+)\s*\}\{\s*([-+]?[\d.,]+)\s*\}|"
-                       r"(?<![\w.])([-+]?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)(?![\d.])", re.ASCII)
+_FRAC = re.compile(r"\\[dt]?frac\{\s*(" + NUMBER + r")\s*\}\{\s*(" + NUMBER + r")\s*\}", re.ASCII)
 _HASHES = re.compile(r"####[ \t]*(?:\\?\$)?[ \t]*(" + NUMBER + r")", re.ASCII)
 _ANSWER_IS = re.compile(r"(?i)\banswer\b[^0-9\n-]{0,24}?(" + NUMBER + r")", re.ASCII)
 MAX_DIGITS = 40          # longer "numbers" are not answers (and int() refuses > 4300 digits)
@@ -60,13 +64,12 @@ def normalise(value):
 
 
 def _span_number(span):
-    """The value written in a short span such as a \\boxed{} body: a fraction, else its last number."""
+    """The value written in a short span such as a \\boxed{} body: a \\frac{p}{q}, else its last number."""
     span = _clean(span)
-    for m in _FRACTION.finditer(span):
-        top, bottom = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-        value = to_fraction(f"{top.replace(',', '')}/{bottom.replace(',', '')}")
-        if value is not None:
-            return value
+    for m in _FRAC.finditer(span):
+        p, q = to_fraction(m.group(1)), to_fraction(m.group(2))
+        if p is not None and q:
+            return p / q
     numbers = _NUMBER.findall(span)
     return to_fraction(numbers[-1]) if numbers else None
 
@@ -110,21 +113,16 @@ def extract_answer(text):
       5. the last number anywhere in the last 10,000 characters.
     Normalised: thousands commas, ``$``, ``%`` and units dropped, unicode minus, a leading
     ``+``, trailing ``.``/``.0``/``.00``; ``a/b`` and ``\\frac{a}{b}`` become exact fractions.
-    A "number" with more than 40 digits is not an answer.
+    A number is read whole or not at all ("12abc", "1.5e3" hold none), and one with more than
+    40 digits is not an answer.
     """
     # BEGIN SOLUTION extract_answer
     if not text:
         return None
     text = _clean(text)
     hashes = _last_match(_HASHES, text)
-    if hashes:
-        value = to_fraction(hashes.group(1))
-        rest = text[hashes.end(1):hashes.end(1) + 12]
-        fraction = re.match(r"\s*/\s*([0-9]+)(?![0-9.])", rest)        # "#### 3/4"
-        if value is not None and fraction:
-            value = value / int(fraction.group(1)) if int(fraction.group(1)) else None
-        if value is not None:
-            return normalise(value)
+    if hashes and (value := to_fraction(hashes.group(1))) is not None:
+        return normalise(value)
     boxed = _last_boxed(text)
     if boxed is not None and (value := _span_number(boxed)) is not None:
         return normalise(value)
@@ -146,11 +144,14 @@ def extract_answer(text):
 
 
 def gold_answer(gsm8k_answer):
-    """The number after ``####`` in a GSM8K worked solution, normalised. ValueError if none."""
-    m = _last_match(_HASHES, _clean(gsm8k_answer))
-    value = to_fraction(m.group(1)) if m else None
+    """The number on a GSM8K worked solution's last line, ``#### N``, normalised. ValueError if
+    that line is anything else: no ####, a number not read whole ("#### 1e400"), words after it."""
+    text = _clean(gsm8k_answer).rstrip()
+    m = _HASHES.match(text, text.rfind("####")) if "####" in text else None
+    value = to_fraction(m.group(1)) if m and m.end() == len(text) else None
     if value is None:
-        raise ValueError(f"no '#### <number>' line in GSM8K answer: {gsm8k_answer[-80:]!r}")
+        raise ValueError(f"the answer's last line is not '#### <number>' (a number such as 18, -4, "
+                         f"1,250 or 2.5, nothing after it): {gsm8k_answer[-80:]!r}")
     return normalise(value)
 
 

@@ -22,7 +22,10 @@ from plots import ORDER, read_jsonl, token_weights
 # self-contained file: the data as JSON in a <script type="application/json"> (every <, > and &
 # escaped, so no token can close it), the DOM built by a little plain JS with textContent (model
 # output never becomes markup), the curves inline SVG. Deterministic: the same logs give the
-# same bytes (sorted keys, numbers rounded to 4 significant digits, no timestamp).
+# same bytes (sorted keys, numbers rounded to 4 significant digits, no timestamp). Every log
+# value is typed before it is used: steps are whole numbers (read_jsonl), a stored group's fields
+# and the curves' metrics numbers or text of the right shape (else an error naming the file and
+# line or step, before any page is written); config values are escaped text or typed JSON.
 
 VIEW_MODES = [   # (key, button, what the colour says); a loss's key is its weight
     ("grpo", "GRPO weight", "GRPO: weight 1 on every token, each token gets its answer's advantage."),
@@ -37,6 +40,53 @@ VIEW_MODES = [   # (key, button, what the colour says); a loss's key is its weig
     ("kl", "TEPO's KL mask", "TEPO's KL mask: A > 0 and log p + H > 0 (reinforcing the token lowers the "
      "entropy). TEPO's KL term acts on these tokens only."),
 ]
+
+
+def is_number(x):
+    """A JSON number a float holds: not a bool (true is no log-prob), not a 400-digit integer."""
+    return type(x) is float or type(x) is int and abs(x) <= sys.float_info.max
+
+
+def checked_group(sample, where):
+    """A stored group from samples.jsonl with every field the page uses checked: the prompt and
+    each token text, one list of numbers per answer for the mask (0 or 1), log-probs and entropies,
+    as long as its tokens, one reward and advantage per answer. Else an error naming `where`
+    (the file and line) and the field: nothing of a broken or hostile log reaches the page."""
+    def fail(field, what):
+        raise SystemExit(f"error: {where}: '{field}' {what}")
+    if not isinstance(sample.get("prompt"), str):
+        fail("prompt", "is missing or not text")
+    tokens = sample.get("tokens")
+    if not (isinstance(tokens, list) and tokens and all(isinstance(row, list) for row in tokens)
+            and len({len(row) for row in tokens}) == 1
+            and all(isinstance(t, str) for row in tokens for t in row)):
+        fail("tokens", "is not a list of answers, each a list of token texts, all of one length")
+    for field in ("mask", "logp", "entropy"):
+        rows = sample.get(field)
+        if not (isinstance(rows, list) and len(rows) == len(tokens)
+                and all(isinstance(row, list) and len(row) == len(tokens[0]) for row in rows)
+                and all(is_number(x) for row in rows for x in row)):
+            fail(field, f"is not {len(tokens)} lists of {len(tokens[0])} numbers (one per answer's token)")
+    if not all(x in (0, 1) for row in sample["mask"] for x in row):
+        fail("mask", "holds a value other than 0 and 1")
+    for field in ("advantages", "rewards"):
+        values = sample.get(field)
+        if not (isinstance(values, list) and len(values) == len(tokens) and all(map(is_number, values))):
+            fail(field, f"is not {len(tokens)} numbers (one per answer)")
+    return sample
+
+
+def curve(run, key):
+    """[(step, value)] of a metric of the run's metrics.jsonl: a value that is not a number is an
+    error naming the file and step; a non-finite one (e.g. a step fp16 skipped) is left out."""
+    points = []
+    for x in run["eval" if key == "eval_accuracy" else "train"]:
+        if key in x and not is_number(x[key]):
+            raise SystemExit(f"error: {run['dir'] / 'metrics.jsonl'}, step {x['step']}: '{key}' is "
+                             f"{x[key]!r:.40}, not a number")
+        if key in x and math.isfinite(x[key]):
+            points.append((x["step"], float(x[key])))
+    return points
 
 
 def rounded(x, digits=4):
@@ -76,8 +126,9 @@ def curve_svg(points, title, smin, smax, width=372, height=74):
     own range, the first and last value written; a vertical line the page moves to the step shown."""
     left, right, top, bottom = 6, 6, 18, 14
     x = lambda s: left + (width - left - right) * (s - smin) / max(smax - smin, 1)
+    esc = lambda value: html.escape(str(value))     # typed already; escaped all the same
     parts = [f'<svg class="curve" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             f'data-smin="{smin}" data-smax="{smax}" data-left="{left}" data-right="{right}">',
+             f'data-smin="{esc(smin)}" data-smax="{esc(smax)}" data-left="{left}" data-right="{right}">',
              f'<text x="{left}" y="11" class="ctitle">{html.escape(title)}</text>']
     if points:
         vmin, vmax = min(v for _, v in points), max(v for _, v in points)
@@ -86,7 +137,7 @@ def curve_svg(points, title, smin, smax, width=372, height=74):
         parts += [f'<polyline points="{line}" class="cline"/>',
                   f'<text x="{left}" y="{height - 2}" class="cval">{points[0][1]:.3g}</text>',
                   f'<text x="{width - right}" y="{height - 2}" class="cval" text-anchor="end">'
-                  f'{points[-1][1]:.3g} at step {points[-1][0]}</text>']
+                  f'{points[-1][1]:.3g} at step {esc(points[-1][0])}</text>']
     parts += [f'<line class="now" x1="{left}" x2="{left}" y1="{top - 4}" y2="{height - bottom + 2}"/>',
               "</svg>"]
     return "".join(parts)
@@ -108,7 +159,10 @@ def viewer_data(run, records):
     modes = [(k, label + " (mean 1)", about + " This run's control (--tr-mean-one) divides them by their "
               "mean over the answer's tokens, so some count less than 1x.") if k == "tr_grpo" and mean1
              else (k, label, about) for k, label, about in VIEW_MODES]
-    return {"run": run["dir"].name, "loss": run["loss"], "seed": run["seed"], "beta": cfg.get("beta"),
+    beta, seed = cfg.get("beta"), run["seed"]      # config.json's values: typed, or text
+    beta = beta if is_number(beta) and math.isfinite(beta) else None
+    return {"run": run["dir"].name, "loss": str(run["loss"]), "beta": beta,
+            "seed": seed if type(seed) is int else str(seed),
             "modes": [{"key": k, "label": label, "about": about, **scales[k]} for k, label, about in modes],
             "groups": groups}
 
@@ -125,10 +179,9 @@ def viewer_page(run, records):
     data = viewer_data(run, records)
     steps = [x["step"] for x in run["train"] + run["eval"]] + [g["step"] for g in data["groups"]]
     smin, smax = min(steps, default=0), max(steps, default=1)
-    train = lambda key: [(x["step"], x[key]) for x in run["train"] if key in x]
-    series = [("mean reward of the batch", train("reward")),
-              ("held-out accuracy", [(x["step"], x["eval_accuracy"]) for x in run["eval"]]),
-              ("entropy, nats per token", train("entropy"))]
+    series = [("mean reward of the batch", curve(run, "reward")),
+              ("held-out accuracy", curve(run, "eval_accuracy")),
+              ("entropy, nats per token", curve(run, "entropy"))]
     curves = "".join(curve_svg(points, title, smin, smax) for title, points in series)
     cfg = run["config"]
     about = (f"{cfg.get('preset', '?')} preset, loss {run['loss']}, seed {run['seed']}, "
@@ -142,20 +195,21 @@ def viewer_page(run, records):
 def write_pages(runs, out):
     """OUT/pages/<run>.html for each run that stored groups (two runs of one name, from two
     settings: <setting>-<run>.html); the paths written."""
-    written, names = [], [run["dir"].name for run in runs]
-    for run in runs:
+    pages, names = {}, [run["dir"].name for run in runs]
+    for run in runs:                             # every page made (every log checked) before one is written
         name = run["dir"].name
         name = name if names.count(name) == 1 else f"{run['dir'].parent.name}-{name}"
         samples = run["dir"] / "samples.jsonl"
-        records = read_jsonl(samples) if samples.exists() else []
+        records = [checked_group(record, f"{samples}, line {line}")
+                   for line, record in (read_jsonl(samples, numbered=True) if samples.exists() else [])]
         if not records:
             print(f"warning: {run['dir']} stored no groups (samples.jsonl): no page", file=sys.stderr)
             continue
-        path = out / "pages" / f"{name}.html"
+        pages[out / "pages" / f"{name}.html"] = viewer_page(run, records)
+    for path, page in pages.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(viewer_page(run, records), encoding="utf-8", newline="\n")
-        written.append(path)
-    return written
+        path.write_text(page, encoding="utf-8", errors="backslashreplace", newline="\n")  # a lone \udcff
+    return list(pages)
 
 
 # ----------------------------------------------------------------------------------------
@@ -223,7 +277,7 @@ window.onerror = function (message) {          // a failure is shown, and the br
   document.body.insertBefore(box, document.body.firstChild);
 };
 const DATA = JSON.parse(document.getElementById("data").textContent);
-const MODE = {};
+const MODE = Object.create(null);              // no prototype: "constructor" is no mode
 DATA.modes.forEach(function (m) { MODE[m.key] = m; });
 const LOSS_NAMES = {grpo: "GRPO", tr_grpo: "TR-GRPO", cw_grpo: "CW-GRPO", tepo: "TEPO"};
 const state = {group: 0, mode: DATA.loss in MODE ? DATA.loss : "grpo", pinned: null};

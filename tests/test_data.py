@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from data import SYSTEM_PROMPT, build_messages, load_gsm8k, make_synthetic, render_prompt, wordy_solution
+from data import (MAX_CHARS, SYSTEM_PROMPT, build_messages, load_gsm8k, make_synthetic, render_prompt,
+                  wordy_solution)
 from rewards import correctness_reward, gold_answer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gsm8k.jsonl"
@@ -43,6 +44,10 @@ def test_load_real_gsm8k(split, n):
     ('{"question": "", "answer": "#### 1"}', "'question'"),
     ('{"question": "q", "answer": 5}', "'answer'"),
     ('{"question": "q", "answer": "the answer is five"}', "####"),
+    ('{"question": "q", "answer": "#### 1e400"}', "'#### <number>'"),       # not read as 1
+    ('{"question": "q", "answer": "#### -1.5e3"}', "'#### <number>'"),
+    ('{"question": "q", "answer": "#### 12abc"}', "'#### <number>'"),
+    ('{"question": "q", "answer": "#### 12\\nand more"}', "'#### <number>'"),
 ])
 def test_malformed_rows_name_file_and_line(tmp_path, line, message):
     path = tmp_path / "broken.jsonl"
@@ -51,6 +56,30 @@ def test_malformed_rows_name_file_and_line(tmp_path, line, message):
     with pytest.raises(ValueError) as err:
         load_gsm8k("train", path)
     assert "broken.jsonl, line 3" in str(err.value) and message in str(err.value)
+
+
+def test_bytes_that_are_not_utf8_name_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps({"question": "q", "answer": "#### 1"}).encode()
+    path.write_bytes(good + b"\n" + '{"question": "Jos\u00e9 has 3", "answer": "#### 3"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.jsonl, line 2: not UTF-8 text \(byte 18: b'\\xe9'\)"):
+        load_gsm8k("train", path)
+
+
+@pytest.mark.parametrize("key", ["question", "answer"])
+def test_an_absurdly_long_field_is_refused_at_load(tmp_path, key):
+    """A question (or worked answer) past MAX_CHARS names the file and line at load, before any
+    tokenizer or run directory sees it; GSM8K's longest fit with room to spare."""
+    path = tmp_path / "long.jsonl"
+    row = {"question": "q", "answer": "#### 1"}
+    row[key] = "x" * MAX_CHARS + "\n#### 1"
+    path.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n" + json.dumps(row) + "\n")
+    message = f"long.jsonl, line 2: field '{key}' is {MAX_CHARS + 7:,} characters"
+    with pytest.raises(ValueError, match=message):
+        load_gsm8k("train", path)
+    row[key] = "x" * (MAX_CHARS - 7) + "\n#### 1"
+    path.write_text(json.dumps(row) + "\n")
+    assert load_gsm8k("train", path)[0][key] == row[key]
 
 
 def test_empty_file_is_an_error(tmp_path):

@@ -56,7 +56,7 @@ def test_format_and_combined_reward():
     ("#### x 100k", "####" * 100_000, None, 0.0),
     ("'answer is' x 100k", "the answer is " * 100_000, None, 0.0),
     ("<answer> x 100k", "<answer>" * 100_000, None, 0.0),
-    ("commas", "1," * 1_000_000, "1", 0.0),
+    ("commas", "1," * 1_000_000, None, 0.0),                     # "1,1": no number read whole
     ("minus signs", "-" * 1_000_000 + "5", "-5", 0.0),
     ("nested braces", "\\boxed{" + "{" * 1_000_000, None, 0.0),
     ("4 MB of prose", "The farmer counts the sheep again. " * 120_000, None, 0.0),
@@ -98,3 +98,45 @@ def test_hand_labelled_model_style_completions():
     # The one known disagreement: a truncated "Step 2:" whose step number happens to equal the
     # gold answer gets credit from the last-number fallback. Everything else must agree.
     assert disagree == known and len(known) == 1
+
+
+@pytest.mark.parametrize("text", [
+    "#### 1e400", "#### -1.5e3", "#### 12abc", "Result: 1.5e3", "The answer is 12abc", "#### 0x1F",
+    "#### 1.2.3", "#### 1,2345", "#### 1,250,00", "#### 3/4e5", "#### 1/2/3", "#### 1 / 2 / 3",
+    "\\boxed{2e5}", "<answer>7x</answer>", "so x2 = 5y",
+])
+def test_a_number_is_read_whole_or_not_at_all(text):
+    """A number glued to what would continue it (a letter or digit, more decimals or digit groups,
+    another / and digits) is no number: never its prefix, nor its tail ("1.5e3" is not 1.5 or 3)."""
+    assert extract_answer(text) is None, text
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("#### $18/hour", "18"),                      # a unit after a slash: the number is whole
+    ("#### 3 / 4", "0.75"), ("Each gets 3/4 of a pie", "0.75"), ("The answer is 1/8.", "0.125"),
+    ("#### 1,250.", "1250"), ("It is 12abc or 5", "5"), ("The 3rd box holds 12", "12"),
+    ("#### 7\n#### 12abc", "7"),                  # a #### without a whole number is skipped
+    ("1,000/4 = 250 each, so \\boxed{1,000/4}", "250"), ("\\boxed{\\frac{1,000}{8}}", "125"),
+])
+def test_whole_numbers_next_to_such_tokens_are_still_read(text, answer):
+    assert extract_answer(text) == answer, text
+
+
+def test_no_credit_for_the_prefix_of_a_longer_token():
+    assert correctness_reward("#### 1.5e3", "1.5") == 0.0 and correctness_reward("#### 12abc", "12") == 0.0
+    assert correctness_reward("#### 1e400", "1") == 0.0 and correctness_reward("#### -1.5e3", "-1.5") == 0.0
+
+
+@pytest.mark.parametrize("answer", [
+    "#### 1e400", "#### -1.5e3", "#### 12abc", "x = 5\n#### 5 apples", "#### 5\n#### x", "#### 1,2345",
+    "#### 5\nThat is all.", "#### 3/4/5", "#### 1" + "0" * 40,
+])
+def test_a_malformed_gold_answer_is_an_error(answer):
+    """The gold answer is the whole number on the last line '#### N'; anything else is refused."""
+    with pytest.raises(ValueError, match="####"):
+        gold_answer(answer)
+
+
+def test_gold_answers_read_whole():
+    assert gold_answer("12 - 5 = 7\n#### 7\n") == "7" and gold_answer("#### 3/4") == "0.75"
+    assert gold_answer("#### $1,250.50") == "1250.5" and gold_answer("#### \u22123") == "-3"

@@ -233,3 +233,178 @@ def test_a_shipped_page_runs_in_a_browser(tmp_path):
     dom, console = dump_dom(page, tmp_path, f"#step={groups[-1]['step']}&colour=kl")
     assert_ran(dom, console, size(groups[-1]))
     assert f'data-step="{groups[-1]["step"]}"' in dom and '<button data-mode="kl" class="on">' in dom
+
+
+# ----------------------------------------------------------------------------------------
+# Hostile logs: every field of samples.jsonl, metrics.jsonl and config.json is typed or escaped
+
+IMG = '"><img src=x onerror="document.title=1">'           # closes an attribute, then a live element
+
+
+def with_group(**fields):
+    """SAMPLE with some fields replaced (a field set to ... is left out)."""
+    return {k: v for k, v in (SAMPLE | fields).items() if v is not ...}
+
+
+def set_in(value, path, new):
+    """A copy of the nested lists/dicts `value` with the item at `path` (indexes) replaced."""
+    value = json.loads(json.dumps(value))
+    inner = value
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = new
+    return value
+
+
+def html_error(tmp_path, run):
+    """The error `plots.py RUN --html` stops with (nothing written), as its one line."""
+    with pytest.raises(SystemExit) as stop:
+        plots.main([str(run), "--out", str(tmp_path / "out"), "--html"])
+    assert not (tmp_path / "out" / "pages").exists()
+    return str(stop.value.code)
+
+
+def test_a_string_step_with_no_metrics_is_an_error_not_markup(tmp_path):
+    """The probe's case: a string step in samples.jsonl and an empty metrics.jsonl reached an SVG
+    attribute unescaped (the <img> ran). A step is a whole number, or the file and line are named."""
+    run = make_run(tmp_path, samples=[SAMPLE, with_group(step=IMG)])
+    (run / "metrics.jsonl").write_text("")
+    message = html_error(tmp_path, run)
+    assert "samples.jsonl, line 2: 'step' is" in message and "not a whole number" in message
+
+
+@pytest.mark.parametrize("step", ["4", 2.5, True, None, -1, 2 ** 60, [4]])
+def test_mixed_or_odd_steps_are_an_error_naming_the_line(tmp_path, step):
+    run = make_run(tmp_path, samples=[SAMPLE, SAMPLE, with_group(step=step)])
+    assert "samples.jsonl, line 3: 'step' is" in html_error(tmp_path, run)
+
+
+HOSTILE_GROUPS = [   # (what, the group's fields replaced, the words the error must hold)
+    ("prompt not text", dict(prompt=["<b>"]), "'prompt'"),
+    ("no prompt", dict(prompt=...), "'prompt'"),
+    ("tokens not lists", dict(tokens=IMG), "'tokens'"),
+    ("a token not text", dict(tokens=set_in(TOKENS, [1, 2], {"x": IMG})), "'tokens'"),
+    ("a token a number", dict(tokens=set_in(TOKENS, [0, 0], 7)), "'tokens'"),
+    ("no answers", dict(tokens=[], mask=[], logp=[], entropy=[], advantages=[], rewards=[]), "'tokens'"),
+    ("a mask value text", dict(mask=set_in(MASK, [0, 3], IMG)), "'mask'"),
+    ("a mask value 2", dict(mask=set_in(MASK, [0, 3], 2)), "'mask'"),
+    ("a mask row short", dict(mask=set_in(MASK, [1], MASK[1][:-1])), "'mask'"),
+    ("a log-prob text", dict(logp=set_in(SAMPLE["logp"], [2, 4], IMG)), "'logp'"),
+    ("a log-prob a bool", dict(logp=set_in(SAMPLE["logp"], [2, 4], True)), "'logp'"),
+    ("a log-prob huge", dict(logp=set_in(SAMPLE["logp"], [2, 4], 10 ** 400)), "'logp'"),
+    ("log-probs of 2 answers", dict(logp=SAMPLE["logp"][:2]), "'logp'"),
+    ("an entropy text", dict(entropy=set_in(SAMPLE["entropy"], [0, 0], "1")), "'entropy'"),
+    ("entropies a dict", dict(entropy={"a": 1}), "'entropy'"),
+    ("an advantage text", dict(advantages=[1.15, IMG, -0.55]), "'advantages'"),
+    ("an advantage null", dict(advantages=[1.15, None, -0.55]), "'advantages'"),
+    ("rewards too many", dict(rewards=[1, 0, 0, 1]), "'rewards'"),
+    ("a reward text", dict(rewards=[1, 0, "<script>"]), "'rewards'"),
+    ("no rewards", dict(rewards=...), "'rewards'"),
+    ("no step", dict(step=...), "'step'"),
+    ("not an object", None, "not a JSON object"),
+]
+
+
+@pytest.mark.parametrize("what,fields,words", HOSTILE_GROUPS, ids=[h[0] for h in HOSTILE_GROUPS])
+def test_a_hostile_field_in_samples_is_an_error_naming_file_line_and_field(tmp_path, what, fields, words):
+    group = [1, 2] if fields is None else with_group(**fields)
+    run = make_run(tmp_path, samples=[SAMPLE, group])
+    message = html_error(tmp_path, run)
+    assert "samples.jsonl, line 2" in message and words in message, message
+    assert len(message) < 400, message                         # a sentence, not the file echoed
+
+
+@pytest.mark.parametrize("line,words", [
+    ({"step": IMG, "loss": 0.1, "reward": 0.5}, "metrics.jsonl, line 2: 'step' is"),
+    ({"step": 2, "loss": 0.1, "reward": IMG}, "metrics.jsonl, step 2: 'reward' is"),
+    ({"step": 2, "loss": 0.1, "entropy": [1]}, "metrics.jsonl, step 2: 'entropy' is"),
+    ({"step": 2, "eval_accuracy": True}, "metrics.jsonl, step 2: 'eval_accuracy' is"),
+])
+def test_a_hostile_metrics_line_is_an_error(tmp_path, line, words):
+    run = make_run(tmp_path)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.1, "reward": 0.1}) + "\n"
+                                       + json.dumps(line) + "\n")
+    assert words in html_error(tmp_path, run)
+
+
+def test_non_finite_metrics_are_left_out_of_the_curves(tmp_path):
+    run = make_run(tmp_path)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
+        {"step": 1, "loss": 0.1, "reward": 0.1, "entropy": float("nan")},
+        {"step": 2, "loss": 0.1, "reward": float("inf"), "entropy": 0.5},
+        {"step": 3, "loss": 0.1, "reward": 0.3, "entropy": 0.4}]))
+    assert plots.main([str(run), "--out", str(tmp_path / "out"), "--html"]) == 0
+    text = (tmp_path / "out" / "pages" / "tepo-s0.html").read_text(encoding="utf-8")
+    curves = text.split('<div class="curves">', 1)[1].split("</div>", 1)[0]
+    assert "nan" not in curves and "inf" not in curves
+    assert "0.3 at step 3" in curves and "0.4 at step 3" in curves
+
+
+HOSTILE_CONFIG = {"loss": IMG, "seed": "<script>alert(3)</script>", "beta": IMG, "preset": IMG,
+                  "group_size": {"<b>": "<i>"}, "sample_every": ["</script><img src=x onerror=alert(4)>"],
+                  "tr_mean_one": IMG}
+
+
+def test_hostile_config_values_stay_text(tmp_path):
+    """Every config.json value the page shows or uses, markup or of the wrong type: the raw page
+    holds no live tag or attribute break, and the numbers the script uses are numbers or null."""
+    page = write_page(tmp_path, name='tepo-"><img src=x>-s0', **HOSTILE_CONFIG)
+    text = page.read_text(encoding="utf-8")
+    assert text.count("<script") == 2 and text.count("</script>") == 2
+    for live in ("<img", "<b>", "<i>", "onerror=\"", "alert(3)</"):
+        assert live not in text, live
+    data = page_data(text)
+    assert data["beta"] is None and data["loss"] == IMG and data["seed"] == HOSTILE_CONFIG["seed"]
+    assert "&lt;img src=x onerror=&quot;document.title=1&quot;&gt; preset" in text
+
+
+def test_hostile_config_beta_nan_gives_a_page(tmp_path):
+    page = write_page(tmp_path, beta=float("nan"))                   # was: ValueError in json.dumps
+    assert page_data(page.read_text(encoding="utf-8"))["beta"] is None
+
+
+def test_hostile_logs_stay_text_in_a_browser(tmp_path):
+    """Markup in every string field a log may hold (tokens, prompt, the run's name, each config
+    value) and a loss named like an Object property: the script runs, and no element is made of
+    them; a link's #colour= naming such a property is ignored."""
+    group = with_group(prompt=IMG + "</script><script>document.title=2</script>",
+                       tokens=set_in(TOKENS, [2, 0], IMG))
+    config = HOSTILE_CONFIG | {"loss": "constructor"}
+    page = write_page(tmp_path, name='tepo-"><img src=x onerror=alert(5)>-s0', samples=[SAMPLE, group],
+                      **config)
+    for fragment in ("", "#step=3&colour=__proto__", "#step=3&colour=constructor&token=1.1"):
+        dom, console = dump_dom(page, tmp_path, fragment)
+        assert_ran(dom, console, sum(MASK[0]) + sum(MASK[1]) + sum(MASK[2]))
+        tags = elements(dom)
+        assert not {"img", "b", "i"} & {tag for tag, _ in tags} and [t for t, _ in tags].count("script") == 2
+        assert not [(tag, name) for tag, attrs in tags for name, _ in attrs if name.startswith("on")]
+        assert "<title>1</title>" not in dom and "<title>2</title>" not in dom       # no handler ran
+        assert '<button data-mode="grpo" class="on">' in dom          # the loss "constructor" is no mode
+
+
+def elements(dom):
+    """[(tag, [(attribute, value)])] of every element of a page, as an HTML parser reads it."""
+    from html.parser import HTMLParser
+    found = []
+    parser = HTMLParser()
+    parser.handle_starttag = lambda tag, attrs: found.append((tag, attrs))
+    parser.feed(dom)
+    return found
+
+
+def test_bytes_that_are_not_utf8_are_an_error_naming_the_line_unless_cut_off_last(tmp_path, capsys):
+    run = make_run(tmp_path, samples=[SAMPLE, SAMPLE])
+    good = (run / "samples.jsonl").read_bytes()
+    (run / "samples.jsonl").write_bytes(good.replace(b"Q: 7", b"Q: \xff7", 1))
+    assert "samples.jsonl, line 1: not valid JSON" in html_error(tmp_path, run)
+    (run / "samples.jsonl").write_bytes(good + '{"step": 4, "prompt": "caf\u00e9'.encode()[:-1])
+    assert plots.main([str(run), "--out", str(tmp_path / "out"), "--html"]) == 0     # a run still writing
+    assert "skipping an incomplete last line" in capsys.readouterr().err
+
+
+def test_lone_surrogates_in_logs_give_a_page(tmp_path):
+    """JSON may hold a lone surrogate (\\ud800), and a directory name undecodable bytes: the page
+    is still written, the character shown escaped (was: UnicodeEncodeError writing the page)."""
+    page = write_page(tmp_path, samples=[with_group(prompt="a\ud800b")], preset="x\udcffy")
+    text = page.read_text(encoding="utf-8")
+    assert "x\\udcffy preset" in text and page_data(text)["groups"][0]["prompt"] == "a\ud800b"

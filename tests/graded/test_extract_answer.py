@@ -53,7 +53,7 @@ CASES = [
     ("", None),                                               # empty
     ("#### ", None),                                          # marker but no number
     ("The number is 123456789012345678901234567890123456789012345", None),  # not an answer
-    ("Result: 1.5e3", "1.5"),                                 # no scientific notation
+    ("Result: 1.5e3 = 1500", "1500"),                         # 1.5e3 is no number (never 1.5)
     ("x\u00a0=\u00a0٣", None),                                # Arabic-Indic digit is not ASCII
     ("\u0032\u0030 pens", "20"),
     ("The answer is 0.", "0"),
