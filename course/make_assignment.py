@@ -19,7 +19,7 @@ notes stay behind; outside git, every file but runs/ and caches) without .git, w
     docs/experiments.md.
 The answer key is the repo's tracked files as they are (solutions, markers, hidden tests),
 without .git; both copies grade the same parts (``assignment.ASSIGNED``). Nothing is written
-into a directory that exists and is not empty.
+into a directory that exists and is not empty, and neither copy may be inside the other.
 """
 import argparse
 import ast
@@ -391,6 +391,11 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
     key = empty_destination(answer_key, root) if answer_key else None
     if key == out:
         raise AssignmentError("--out and --answer-key must be different directories")
+    if key and (key in out.parents or out in key.parents):
+        inner, outer = (key, "--out") if out in key.parents else (out, "--answer-key")
+        raise AssignmentError(f"{inner} is inside {outer}: give --out and --answer-key two directories "
+                              "side by side (an answer key inside the student's copy would be handed out "
+                              "with it; nothing was written)")
     for name in chosen:
         check_part(assignment.part(name), root)
     files = repo_files(root)

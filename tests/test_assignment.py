@@ -11,6 +11,7 @@ Instructor-only: left out of the student's copy (assignment.HIDDEN_TESTS).
 import ast
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -257,7 +258,8 @@ def test_a_submission_is_graded_by_the_grader_not_by_its_own_output(kit, tmp_pat
     assert 0 < parts["extract_answer"]["points"] <= 3 and parts["extract_answer"]["hidden"]["passed"] == 0
     assert result["points"] == 5 + parts["extract_answer"]["points"] and result["hidden_tests"] is True
     assert result["files"] == {"graded": ["losses.py", "rewards.py", "train.py"],
-                               "ignored": ["helpers.py", "notes.txt"], "not_submitted": []}
+                               "ignored": ["helpers.py", "notes.txt"], "not_submitted": [], "refused": {}}
+    assert result["tree_changed"] == []
     assert forged in run.stderr and forged not in run.stdout       # its output is shown, never read
 
 
@@ -290,6 +292,122 @@ def test_a_part_that_hangs_is_stopped_at_the_time_limit(kit, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------
+# A hostile submission (issue 109): links, floods, writes into the key
+
+@pytest.mark.slow
+def test_a_linked_file_or_folder_is_refused_never_followed(kit, tmp_path):
+    """The layout docs/course.md describes (../hw-key beside ../alice): a losses.py that links to the
+    key's losses.py scored 85/100 with no code written. Links are refused with the reason, their
+    parts score 0, and so does a part file inside a linked folder."""
+    hw, key = kit
+    sub = tmp_path / "mallory"
+    sub.mkdir()
+    (sub / "losses.py").symlink_to(key / "losses.py")                   # absolute
+    (sub / "rewards.py").symlink_to(os.path.relpath(key / "rewards.py", sub))   # relative, out of it
+    (sub / "keyfolder").symlink_to(key, target_is_directory=True)
+    (sub / "train.py").write_text(write_part(hw, "train.py", "completion_mask", INDEPENDENT_MASK))
+    result, run = submit(key, sub, "--part", "group_advantages", "extract_answer", "completion_mask")
+    parts = result["parts"]
+    assert parts["group_advantages"]["points"] == 0 and parts["extract_answer"]["points"] == 0
+    assert "refused: a symbolic link" in parts["group_advantages"]["note"]
+    assert parts["completion_mask"]["points"] == 5
+    assert result["files"]["graded"] == ["train.py"]
+    assert set(result["files"]["refused"]) == {"losses.py", "rewards.py", "keyfolder/"}
+    assert all("symbolic link" in why for why in result["files"]["refused"].values())
+    table = subprocess.run([sys.executable, "-m", "course.grade", "--submission", str(sub), "--part",
+                            "group_advantages"], cwd=key, capture_output=True, text=True, timeout=600)
+    assert "refused (only regular files inside the submission are read): losses.py" in table.stdout
+
+
+def test_only_regular_files_inside_the_submission_are_read(tmp_path):
+    """read_submission, alone: links (to files and folders) and special files are refused."""
+    sub, outside = tmp_path / "sub", tmp_path / "outside"
+    (sub / "deep").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "losses.py").write_text("SOLUTION = 1\n")
+    (outside / "train.py").write_text("SOLUTION = 1\n")
+    (sub / "rewards.py").write_text("mine = 1\n")
+    (sub / "losses.py").symlink_to(outside / "losses.py")
+    (sub / "linked").symlink_to(outside, target_is_directory=True)
+    (sub / "deep" / "notes.txt").write_text("x")
+    os.mkfifo(sub / "train.py")
+    taken, ignored, refused, not_submitted = grade.read_submission(sub)
+    assert taken == {"rewards.py": b"mine = 1\n"}
+    assert ignored == ["deep/notes.txt"] and not_submitted == []
+    assert set(refused) == {"losses.py", "linked/", "train.py"} and refused["train.py"] == "not a regular file"
+
+
+FLOOD = "import sys\nsys.stdout.write('x' * 2_000_000)\nsys.stderr.write('y' * 2_000_000)\nraise RuntimeError('boom')\n"
+
+
+@pytest.mark.slow
+def test_a_flood_of_output_is_echoed_capped(kit, tmp_path):
+    """A submission that printed 10 MB and raised made 140 MB of grader output; now each part's
+    output is its first and last OUTPUT_CAP / 2 bytes, with what was cut counted."""
+    hw, key = kit
+    sub = tmp_path / "flood"
+    sub.mkdir()
+    (sub / "losses.py").write_text(FLOOD + (hw / "losses.py").read_text())
+    result, run = submit(key, sub, "--part", "group_advantages", "aggregation")
+    assert result["parts"]["group_advantages"]["points"] == 0
+    assert len(run.stderr) < 3 * grade.OUTPUT_CAP, len(run.stderr)
+    assert run.stderr.count("bytes of output cut") == 2
+
+
+def test_run_capped_keeps_the_head_and_the_tail(tmp_path):
+    code = "import sys\nsys.stdout.write('HEAD' + 'x' * 100_000 + 'TAIL')\nsys.stdout.flush()\n"
+    output, timed_out = grade.run_capped([sys.executable, "-c", code], tmp_path, None, 60, cap=1000)
+    assert not timed_out and output.startswith("HEAD") and output.endswith("TAIL")
+    assert "[... 99008 bytes of output cut" in output and len(output) < 1200
+    output, timed_out = grade.run_capped([sys.executable, "-c", "import time; print('hi', flush=True); "
+                                          "time.sleep(60)"], tmp_path, None, 2)
+    assert timed_out and output == "hi\n"
+
+
+TAMPER = """import os, pathlib
+FAKE = 'import pytest\\npytestmark = pytest.mark.part("extract_answer")\\ndef test_given():\\n    pass\\n'
+grader = f"/proc/{os.getppid()}/cwd"                            # where the grader was started: the key
+for base in {os.environ.get("PWD", ""), os.getcwd(), os.path.realpath(grader)}:
+    tests = pathlib.Path(base) / "tests"
+    for name in ("graded/test_extract_answer.py", "hidden/test_extract_answer.py"):
+        if (tests / name).exists():
+            (tests / name).write_text(FAKE)
+    if (tests / "hidden").is_dir():
+        (tests / "hidden" / "planted.txt").write_text("x")
+"""
+
+
+@pytest.mark.slow
+def test_a_submission_cannot_change_the_key_or_another_parts_grading(tmp_path):
+    """losses.py rewrites, at import, extract_answer's tests wherever it finds them: in its own
+    tree, and in the directory the grader was started from (the answer key: PWD no longer names
+    it, the grader's /proc entry still does). Each part is graded in its own copy, made before
+    any submitted code ran, so extract_answer (unwritten) still scores 0, and the key's change is
+    found and reported (exit status 2)."""
+    if not Path("/proc/self/cwd").exists():
+        pytest.skip("finds the grader's directory through /proc")
+    base = tmp_path / "k"
+    make_assignment.make(base / "hw", answer_key=base / "key")
+    hw, key = base / "hw", base / "key"
+    before = grade.fingerprint(key)
+    sub = tmp_path / "eve"
+    sub.mkdir()
+    (sub / "losses.py").write_text(TAMPER + (hw / "losses.py").read_text())
+    (sub / "rewards.py").write_text((hw / "rewards.py").read_text())
+    run = subprocess.run([sys.executable, "-m", "course.grade", "--submission", str(sub), "--json", "--jobs", "1",
+                          "--part", "group_advantages", "extract_answer"], cwd=key, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "PWD": str(key)})
+    result = json.loads(run.stdout)
+    assert result["parts"]["extract_answer"]["points"] == 0
+    assert result["parts"]["extract_answer"]["visible"]["total"] > 1
+    assert run.returncode == 2 and "this tree changed while the submission ran" in run.stderr
+    assert sorted(result["tree_changed"]) == [
+        "tests/graded/test_extract_answer.py (changed)", "tests/hidden/planted.txt (added)",
+        "tests/hidden/test_extract_answer.py (changed)"]
+    assert grade.changed(before, grade.fingerprint(key)) == result["tree_changed"]
+
+
+# ----------------------------------------------------------------------------------------
 # Clear errors
 
 def test_refuses_a_non_empty_directory_and_unknown_parts(tmp_path, capsys):
@@ -301,6 +419,12 @@ def test_refuses_a_non_empty_directory_and_unknown_parts(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             make_assignment.main(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+    for argv in (["--out", str(tmp_path / "hw"), "--answer-key", str(tmp_path / "hw" / "key")],
+                 ["--out", str(tmp_path / "key" / "hw"), "--answer-key", str(tmp_path / "key")]):
+        with pytest.raises(SystemExit) as exit_:        # an answer key inside the student's copy, or around it
+            make_assignment.main(argv)
+        assert exit_.value.code == 2 and "is inside" in capsys.readouterr().err
+        assert not (tmp_path / "hw").exists() and not (tmp_path / "key").exists()
     assert "group_advantages, aggregation, grpo_loss" in str(
         pytest.raises(ValueError, assignment.part, "ppo").value)
     assert not (tmp_path / "new").exists() and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
