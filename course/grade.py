@@ -33,6 +33,11 @@ hashed before and after: a change (a submission that found this tree and wrote i
 reported, and the exit status is then 2. A part's output is echoed capped (``OUTPUT_CAP``:
 its first and last characters, with what was cut counted).
 Exit status: 0 full points, 1 points missing, 2 the grader could not grade, or this tree changed.
+
+The points are the code's only. The grade is ``assignment.CODE_POINTS`` of code (these points,
+scaled) and ``assignment.EXPERIMENT_POINTS`` of experiments, which are the instructor's to give
+from the write-up, with the rubric of the answer key's ANSWERS.md; the table and the JSON
+("grade") say so.
 """
 import argparse
 import hashlib
@@ -51,7 +56,7 @@ from course import assignment
 
 ROOT = Path(__file__).resolve().parents[1]                # the repo root
 SETS = {"visible": assignment.GRADED_TESTS, "hidden": assignment.HIDDEN_GRADED_TESTS}
-PACKAGES = ("course", "engine")     # the folders whose Python files a graded tree needs (train.py imports engine)
+PACKAGES = ("course", "engine")     # folders whose Python files a graded tree needs (train.py imports engine)
 OUTPUT_CAP = 20_000                 # bytes of a part's output echoed: the first and the last half of it
 
 
@@ -368,7 +373,8 @@ def main(argv=None):
     if args.submission:
         directory = Path(args.submission)
         if directory.is_symlink() or not directory.is_dir():
-            parser.exit(2, f"course/grade.py: error: {directory} is not a directory (a link is not followed)\n")
+            parser.exit(2, f"course/grade.py: error: {directory} is not a directory "
+                           "(a link is not followed)\n")
         taken, ignored, refused, not_submitted = read_submission(directory)
         before = fingerprint(ROOT)
         with tempfile.TemporaryDirectory(prefix="grade-submission-") as tmp:
@@ -392,8 +398,13 @@ def main(argv=None):
     got = _number(round(sum(r["points"] for r in results.values()), 1))
     top = sum(r["max"] for r in results.values())
     hidden = any(r["hidden"] is not None for r in results.values())
+    code = assignment.course_points(got, top)
+    split = dict(code=code, code_max=assignment.CODE_POINTS, experiments=None,
+                 experiments_max=assignment.EXPERIMENT_POINTS,
+                 experiments_by="the instructor, from the write-up")
     if args.json:
         print(json.dumps({"parts": results, "points": got, "max": top, "hidden_tests": hidden,
+                          "grade": split,
                           **({"files": files, "tree_changed": tampered} if files else {})}))
     else:
         print("\n" + table(results, got, top))
@@ -406,6 +417,9 @@ def main(argv=None):
                   + "".join(f"\nrefused (only regular files inside the submission are read): {name}, {why}"
                             for name, why in files["refused"].items()))
         print("(visible and hidden tests)" if hidden else "(visible tests only)")
+        print(f"\nThe code: {got}/{top} → {code} of the grade's {assignment.CODE_POINTS} points for code. "
+              f"The experiments' {assignment.EXPERIMENT_POINTS} points are not graded here: they are the "
+              "instructor's to give, from the write-up (the rubric is in the answer key's ANSWERS.md).")
     if warning:
         print(warning, file=sys.stderr, end="")
         return 2
