@@ -143,8 +143,8 @@ def run_capped(command, cwd, env, time_limit, cap=OUTPUT_CAP):
 
     The output is read as it comes and only its first and last ``cap // 2`` bytes are kept (a
     count of what was cut goes between them), so a child that prints gigabytes costs neither
-    memory nor the grader's output. The child leads a session of its own: at the time limit
-    the whole session is killed, processes it started included."""
+    memory nor the grader's output. The child leads a process group of its own: at the time
+    limit the whole group is killed, processes it started included."""
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     half, kept = cap // 2, {"head": b"", "tail": b"", "total": 0}
@@ -162,7 +162,7 @@ def run_capped(command, cwd, env, time_limit, cap=OUTPUT_CAP):
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    try:                                  # what the child started and left behind goes with it
+    try:                                  # what the child started and left behind goes with it (its group)
         os.killpg(proc.pid, 9)
     except (ProcessLookupError, PermissionError):
         pass
