@@ -27,6 +27,7 @@ class Part:
     info: str = ""          # what the returned ``info`` dict must hold
     errors: str = ""        # the errors to raise, and words their messages must contain
     notes: str = ""         # what is given, what is optional, how the tests isolate the part
+    optional: tuple = ()    # functions of ``functions`` that are blanked but not required (not graded)
 
 
 PARTS = (
@@ -45,7 +46,7 @@ PARTS = (
          "PPO's clipped surrogate, Schulman's k3 KL estimator, and the GRPO loss built from them: "
          "the ratio from log-probs, the surrogate, minus beta times k3 against the reference, "
          "reduced by `aggregate` and negated (a loss to minimise).",
-         info="`weights` (ones, `[B, T]`), `clip_frac`, `clip_low_frac`, `clip_high_frac`, "
+         info="`weights` (ones, `[B, C]`), `clip_frac`, `clip_low_frac`, `clip_high_frac`, "
               "`abs_log_ratio`, `kl` and `ratio_mean` (means over valid tokens, detached): "
               "`_info(mask, torch.ones_like(logp), ratio, clipped, kl)` builds them.",
          errors="`ValueError` mentioning `ref_logp` when `beta > 0` and `ref_logp is None` "
@@ -91,7 +92,8 @@ PARTS = (
                "write it with a float32 `log_softmax` and `gather`, and a `token_logprobs` that "
                "calls it is a complete answer. Optional: the solution's speed device, the "
                "autograd Function `_TokenLogprobs` with the gradient written out and rows in "
-               "chunks, whose `forward` and `backward` are blanked too."),
+               "chunks, whose `forward` and `backward` are blanked too.",
+         optional=("_TokenLogprobs.forward", "_TokenLogprobs.backward")),
     Part("extract_answer", "rewards.py", ("extract_answer", "_last_boxed"), 10,
          "The GSM8K grader's answer extraction: find the model's final number in free text "
          "(`#### N`, `\\boxed{}`, `<answer>`, \"the answer is\", the last number) and "
@@ -114,8 +116,26 @@ GRADED_TESTS = "tests/graded"              # visible: the student runs them, for
 HIDDEN_GRADED_TESTS = "tests/hidden"       # the instructor's: randomized, against independent computations
 HIDDEN_SHARE = 0.75                        # with hidden tests present, the share of a part's points they give
 # Left out of the student's copy (a folder: everything in it).
-INSTRUCTOR_ONLY = ("course/make_assignment.py", "docs/course.md", HIDDEN_GRADED_TESTS) + HIDDEN_TESTS
+INSTRUCTOR_ONLY = ("course/make_assignment.py", "course/answers.py", "docs/course.md",
+                   HIDDEN_GRADED_TESTS) + HIDDEN_TESTS
 MAX_POINTS = sum(p.points for p in PARTS)
+
+# The grade's split, set here only: the code (the parts, scored by grade.py: its points out of the
+# parts' total, scaled to CODE_POINTS) and the experiments (the write-up, scored by the instructor
+# with the rubric of the answer key's ANSWERS.md, course/answers.py).
+CODE_POINTS = 70
+EXPERIMENT_POINTS = 30
+
+
+def course_points(got, top):
+    """The code's share of the grade: ``got`` of ``top`` part points, scaled to CODE_POINTS."""
+    value = round(CODE_POINTS * got / top, 1) if top else 0
+    return int(value) if float(value).is_integer() else value
+
+
+def required(p):
+    """The functions of a part the student must write (its optional ones left out)."""
+    return tuple(f for f in p.functions if f not in p.optional)
 
 # The parts this copy is graded on: None means every part. make_assignment.py writes the
 # chosen parts here in the student's copy and the answer key.

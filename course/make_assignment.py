@@ -15,11 +15,15 @@ notes stay behind; outside git, every file but runs/ and caches) without .git, w
     cite tests the copy has, and its "For instructors" section is gone;
   * a HANDOUT.md generated from the parts: goal, signatures and docstrings, info keys,
     errors, points, the file each part lives in, what to submit, which libraries are
-    allowed, what to expect once every part passes, and the experiments of
-    docs/experiments.md.
+    allowed, what to expect once every part passes, the grade's split (code and write-up,
+    ``assignment.CODE_POINTS`` and ``EXPERIMENT_POINTS``), and the experiments of
+    docs/experiments.md with their points, refused when a sanity target there disagrees with the
+    shipped logs (course/targets.py);
 The answer key is the repo's tracked files as they are (solutions, markers, hidden tests),
-without .git; both copies grade the same parts (``assignment.ASSIGNED``). Nothing is written
-into a directory that exists and is not empty.
+without .git, with the same HANDOUT.md and an ANSWERS.md: a model answer and the rubric for every
+experiment question (course/answers.py); both copies grade the same parts (``assignment.ASSIGNED``).
+Nothing is written into a directory that exists and is not empty, and neither copy may be inside
+the other.
 """
 import argparse
 import ast
@@ -30,7 +34,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from course import assignment
+from course import answers, assignment, targets
 
 ROOT = Path(__file__).resolve().parents[1]                # the repo root
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")             # a markdown link: [text](target)
@@ -185,12 +189,23 @@ GRADED_WITH = {
 def handout(root, parts):
     total, files = sum(p.points for p in parts), sorted({p.file for p in parts})
     visible = f"{1 - assignment.HIDDEN_SHARE:.0%}"
+    has_experiments = (root / EXPERIMENTS).exists()
+    if has_experiments:
+        try:
+            targets.check(root)               # no stale sanity target reaches a student
+        except targets.StaleTarget as e:
+            raise AssignmentError(str(e)) from None
+    count = len(targets.sections((root / EXPERIMENTS).read_text(encoding="utf-8"))) if has_experiments else 0
+    code, write_up = assignment.CODE_POINTS, assignment.EXPERIMENT_POINTS
     out = ["# Assignment: GRPO and three token-regulated variants\n",
-           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo, {total} points in all, "
-           "and run four small experiments. Each part is one function or a few short ones, in the file "
+           f"You write {len(parts)} part{'s' * (len(parts) > 1)} of this repo and run {count} small "
+           "experiments. Each part is one function or a few short ones, in the file "
            "named below; until you write them their bodies raise `NotImplementedError(\"<part>: ...\")`. "
            "Keep every signature. The docstrings are the specification (shapes, equations, defaults); "
            "README.md explains the methods and their pitfalls.\n",
+           f"**Points: {code + write_up} in all.** The code is {code}: the parts' {total} points below, "
+           f"as `python -m course.grade` scores them, scaled to {code}. The experiments are {write_up}: "
+           "your write-up, graded by your instructor (each experiment's points are in its heading).\n",
            "## Grading\n",
            "    python -m course.grade           "
            "# every part: visible tests passed / total, points / max, total",
@@ -200,16 +215,20 @@ def handout(root, parts):
            "expected values are worked out in the test. Your instructor grades with more: hidden tests "
            "that check each part on random inputs against independent computations, worth "
            f"{assignment.HIDDEN_SHARE:.0%} of its points (the visible tests give the other {visible}). "
-           f"Code that only reproduces the visible tests' literals scores at most {visible} of a part. "
+           f"Code that only reproduces the visible tests' literals earns at most the visible tests' "
+           f"{visible} of a part, and none of the hidden tests' {assignment.HIDDEN_SHARE:.0%}. "
            "A part scores its points times the fraction of its tests that pass, rounded to 0.1. Each "
            "part's tests run in a process of their own, under a time limit; nothing your code prints "
            "counts. The tests of one part never call another part's function, so the parts can be "
            "written in any order. The other tests "
            "(`python -m pytest -q`) check the whole repo and are not graded; some fail until every part is "
-           "written. Change your source files, not the tests or `grade.py`: the instructor uses their own.\n",
+           "written. Change your source files, not the tests or `grade.py`: the instructor uses their own. "
+           f"The grader's total is the code's {total} points; the {write_up} of the experiments are not "
+           "in it.\n",
            "| part | file | write | points |", "|---|---|---|---|"]
-    out += [f"| `{p.name}` | `{p.file}` | {', '.join(f'`{f}`' for f in p.functions)} | {p.points} |"
-            for p in parts]
+    out += [f"| `{p.name}` | `{p.file}` | {', '.join(f'`{f}`' for f in assignment.required(p))}"
+            + (f" (optional, not graded: {', '.join(f'`{f}`' for f in p.optional)})" if p.optional else "")
+            + f" | {p.points} |" for p in parts]
     out += ["\n## Files, and what each part depends on\n",
             "| file | its parts | its tests load it |", "|---|---|---|"]
     out += [f"| `{f}` | {', '.join(f'`{p.name}`' for p in parts if p.file == f)} | {GRADED_WITH.get(f, '')} |"
@@ -230,9 +249,8 @@ def handout(root, parts):
             "repository this assignment comes from. No new dependencies: your files are graded with "
             "`requirements.txt` alone.\n",
             "## Once every part passes\n",
-            "`python -m pytest -q` passes, and `make demo-tiny` trains the tiny model: held-out greedy "
-            "accuracy goes 0.000 → about 0.45 in 150 steps (0.446 on seed 0), in a few minutes on a "
-            "laptop's CPU. Then run the experiments."]
+            "`python -m pytest -q` passes, and `make demo-tiny` trains the tiny model, seed 0: held-out "
+            "greedy accuracy goes " + demo_tiny(root) + ". Then run the experiments."]
     for n, p in enumerate(parts, 1):
         out += [f"\n## {n}. `{p.name}` ({p.points} points)\n", p.goal + "\n",
                 f"In `{p.file}`:\n", "```python", api(p, root), "```\n"]
@@ -240,14 +258,30 @@ def handout(root, parts):
             if value:
                 out.append(f"**{label}:** {value}\n")
         out.append(f"Graded by `{assignment.graded_tests_of(p)}`: `python -m course.grade --part {p.name}`")
-    if (root / EXPERIMENTS).exists():
-        out.append("\n" + experiments(root))
+    if has_experiments:
+        out.append("\n" + experiments(root, points=True))
     return "\n".join(out) + "\n"
 
 
-def experiments(root, source=EXPERIMENTS):
-    """docs/experiments.md as a section of HANDOUT.md: headings one level down, links from the root."""
+def demo_tiny(root):
+    """What `make demo-tiny` gives, from the measurements of docs/performance.md (targets.QUOTED)."""
+    try:
+        v = targets.values(root)
+    except (targets.StaleTarget, OSError):
+        return "from about 0 to about 0.4 in 150 steps"
+    return (f"{v['demo_acc']} in 150 steps on three CPUs (docs/performance.md: each CPU draws its "
+            "own samples, so its own digits), in "
+            f"{v['demo_avx512'].split('–')[0]}–{v['demo_avx2'].split('–')[-1]} min on 2 cores")
+
+
+def experiments(root, source=EXPERIMENTS, points=False):
+    """docs/experiments.md as a section of HANDOUT.md: headings one level down, links from the root,
+    and (``points``) each experiment's points in its heading (course/answers.py's rubric)."""
     text = (root / source).read_text(encoding="utf-8")
+    if points:
+        text = re.sub(r"(?m)^## (\d+)\. (.*)$",
+                      lambda m: f"## {m[1]}. {m[2]} ({answers.experiment_points(m[1])} points)", text)
+        text = re.sub(r"(?m)^# Experiments$", f"# Experiments ({assignment.EXPERIMENT_POINTS} points)", text)
     text = re.sub(r"(?m)^(#+) ", r"#\1 ", text)
     def from_root(m):
         target = m[2]
@@ -391,6 +425,11 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
     key = empty_destination(answer_key, root) if answer_key else None
     if key == out:
         raise AssignmentError("--out and --answer-key must be different directories")
+    if key and (key in out.parents or out in key.parents):
+        inner, outer = (key, "--out") if out in key.parents else (out, "--answer-key")
+        raise AssignmentError(f"{inner} is inside {outer}: give --out and --answer-key two directories "
+                              "side by side (an answer key inside the student's copy would be handed out "
+                              "with it; nothing was written)")
     for name in chosen:
         check_part(assignment.part(name), root)
     files = repo_files(root)
@@ -414,6 +453,7 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
     # Everything is computed before anything is written, so an error leaves no half copy.
     texts = {n: student(n) for n in copied}
     guide = handout(root, [assignment.part(n) for n in chosen])
+    model_answers = answers.answers_md(root) if key and (root / EXPERIMENTS).exists() else ""
     out.mkdir(parents=True, exist_ok=True)
     write_copy(root, out, copied, texts.get)
     (out / "HANDOUT.md").write_text(guide, encoding="utf-8")
@@ -422,6 +462,7 @@ def make(out, part_names=None, answer_key=None, root=ROOT):
         assigned = with_assigned((root / "course/assignment.py").read_text(encoding="utf-8"), chosen)
         write_copy(root, key, files, lambda n: assigned if n == "course/assignment.py" else None)
         (key / "HANDOUT.md").write_text(guide, encoding="utf-8")
+        (key / "ANSWERS.md").write_text(model_answers, encoding="utf-8")
     return chosen
 
 
