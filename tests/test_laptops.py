@@ -29,7 +29,7 @@ def test_train_imports_and_parses_without_the_resource_module():
     and every module of this repo imported fresh."""
     script = ("import sys, torch, transformers, tqdm\n"
               "sys.modules['resource'] = None\n"                 # `import resource` now raises ImportError
-              "import train, grade, mfu\n"
+              "import train\nfrom course import grade\nfrom engine import mfu\n"
               "cfg = train.parse_config(['--preset', 'tiny', '--device', 'cpu'])\n"
               "print('peak', mfu.peak_mem_gb(torch.device('cpu')))\n")
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
