@@ -98,6 +98,19 @@ class Config:
     pass_n: int = 0
 
 
+# The range of every number in the Config, checked (finite, too) before anything is written.
+RANGES = {">= 0": ("steps", "lr_warmup_steps", "weight_decay", "beta", "eval_every", "eval_n", "sample_every",
+                   "ckpt_every", "lora_rank", "threads", "tepo_full_kl_beta", "pass_n"),
+          "> 0": ("lr", "max_grad_norm", "clip_eps", "temperature", "sft_lr"),
+          ">= 1": ("prompts_per_step", "micro_batch", "updates_per_batch", "max_new_tokens", "eval_batch",
+                   "sft_steps", "pass_k"),
+          ">= 2": ("group_size",),                        # advantages compare completions within a group
+          ">= 0 and <= 1": ("sft_wordy",),
+          ">= 1 and <= 20000": ("sft_batch",),            # drawn from models.warm_start's 20,000 problems
+          ">= 0 and <= 4294967295": ("seed",),
+          "one of 1, 2, 3, 12": ("level",)}               # data.make_synthetic's (12: 1 and 2 alternating)
+
+
 PRESETS = {
     # CPU, offline: a 0.5M-parameter Qwen2 built from a config, a character tokenizer and
     # synthetic one-step problems; a short SFT warm-up, then GRPO.
@@ -152,12 +165,11 @@ def parse_config(argv=None):
     preset = args["preset"] or Config.preset
     cfg = Config(**{**PRESETS[preset], **{k: v for k, v in args.items() if v is not None}})
     cfg.out = cfg.out or f"runs/{cfg.preset}-{cfg.loss}-s{cfg.seed}"
-    problems = []
-    if cfg.group_size < 2:
-        problems.append("--group-size must be >= 2 (advantages compare completions within a group), "
-                        f"got {cfg.group_size}")
+    problems = checkpoints.out_of_range(cfg, RANGES)     # (--max-grad-norm -1 would flip the gradient)
+    if problems:                       # before the checks below, which divide by some of these
+        parser.error("; ".join(problems))
     batch = cfg.prompts_per_step * cfg.group_size
-    if cfg.micro_batch < 1 or batch % cfg.micro_batch:
+    if batch % cfg.micro_batch:
         problems.append(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {batch} rows) "
                         f"must be divisible by --micro-batch {cfg.micro_batch}")
     whole = batch if cfg.cw_scope == "batch" else cfg.group_size       # the rows CW-GRPO's statistics need
@@ -173,18 +185,9 @@ def parse_config(argv=None):
     if wrong:
         problems.append(f"{', '.join(wrong)}: an option of another loss (--tr-* of tr_grpo, --tepo-* of "
                         f"tepo); this run's loss is {cfg.loss}")
-    if cfg.pass_k < 1 or cfg.pass_n < 0:
-        problems.append(f"--pass-k must be >= 1 and --pass-n >= 0 (0: no pass@k), got {cfg.pass_k} and "
-                        f"{cfg.pass_n}")
-    if cfg.tepo_full_kl_beta < 0 or (cfg.tepo_full_kl_beta > 0 and cfg.beta <= 0):
-        problems.append(f"--tepo-full-kl-beta {cfg.tepo_full_kl_beta} must be >= 0, and > 0 only with "
-                        f"--beta > 0 (the reference model the KL is measured against; got --beta {cfg.beta})")
-    if cfg.temperature <= 0:
-        problems.append("--temperature must be > 0 (sampling; evaluation is greedy anyway)")
-    if cfg.steps < 0 or cfg.updates_per_batch < 1 or cfg.max_new_tokens < 1:
-        problems.append("--steps must be >= 0, --updates-per-batch and --max-new-tokens >= 1")
-    if min(cfg.eval_every, cfg.sample_every, cfg.ckpt_every) < 0:
-        problems.append("--eval-every, --sample-every and --ckpt-every must be >= 0 (0: not along the way)")
+    if cfg.tepo_full_kl_beta > 0 and cfg.beta <= 0:
+        problems.append(f"--tepo-full-kl-beta {cfg.tepo_full_kl_beta} is > 0 only with --beta > 0 (the "
+                        f"reference model the KL is measured against; got --beta {cfg.beta})")
     if problems:
         parser.error("; ".join(problems))
     return cfg

@@ -8,6 +8,7 @@ every random state) and, at the end, final/ (a plain save_pretrained directory).
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -36,6 +37,21 @@ def prepare_run_dir(cfg):
         raise SystemExit(f"error: --resume but there is no checkpoint at {run}/ckpt/last.pt")
     run.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def out_of_range(cfg, ranges):
+    """A message for each number of ``cfg`` outside its range (train.RANGES: {rule: field names})."""
+    return [f"--{name.replace('_', '-')} must be {rule}, got {getattr(cfg, name)}"
+            for rule, names in ranges.items() for name in names if not within(getattr(cfg, name), rule)]
+
+
+def within(value, rule):
+    """Whether a number is finite and obeys a rule: "> 0", ">= 0 and <= 1", "one of 1, 2, 3"."""
+    if rule.startswith("one of "):
+        return value in [int(v) for v in rule.removeprefix("one of ").split(",")]
+    compare = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
+    return math.isfinite(value) and all(compare[op](float(value), float(bound))
+                                        for op, bound in map(str.split, rule.split(" and ")))
 
 
 def write_config(run, cfg, start, machine):
