@@ -436,8 +436,8 @@ def main(argv=None):
         print(models.warm_start(cfg))
         return 0
     device = pick_device(cfg)
-    run = checkpoints.prepare_run_dir(cfg)
     train, held_out = load_problems(cfg)          # first, so a broken data file fails fast
+    run = checkpoints.prepare_run_dir(cfg)        # checks only: nothing is written before write_config
     policy, tok = load_model(cfg, device)
     ref = reference_model(policy, cfg)            # the frozen start, for the KL term (None if beta = 0)
     # Seed after loading: a model built on first use (warm start, GGUF) draws random numbers of its own.
@@ -448,7 +448,7 @@ def main(argv=None):
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))
     scaler = grad_scaler(cfg, device)             # fp16 only; passes straight through otherwise
-    start = checkpoints.resume(run, policy, optimizer, scheduler, scaler, cfg) if cfg.resume else 0
+    start = checkpoints.resume(run, policy, optimizer, scheduler, scaler, cfg)   # 0: a new run
     checkpoints.write_config(run, cfg, start, mfu.machine(device))   # the config, and the machine it ran on
     metrics, samples = checkpoints.Log(run / "metrics.jsonl"), checkpoints.Log(run / "samples.jsonl")
 
@@ -474,8 +474,8 @@ def main(argv=None):
                 prompts = batch_of_prompts(train, cfg, step)
                 m, sample = grpo_step(policy, ref, tok, optimizer, scheduler, prompts, cfg, device, scaler)
             except FloatingPointError as e:
-                raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint is "
-                                 f"{run}/ckpt/last.pt (try a lower --lr).") from None
+                raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint: "
+                                 f"{checkpoints.latest(run) or 'none yet'} (try a lower --lr).") from None
             m.update(step_time=time.perf_counter() - t0, peak_mem_gb=mfu.peak_mem_gb(device))
             m["mfu"] = m.pop("flops") / m["step_time"] / mfu.peak_flops(device, cfg)
             metrics.write(step=step, **m)
@@ -489,11 +489,12 @@ def main(argv=None):
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
                 held_out_accuracy(step)
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop["requested"]:
-                checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg)
+                checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg,
+                                            (metrics, samples))
             if stop["requested"]:
                 print(f"stopped at step {step}; continue with: python train.py --out {run} --resume "
                       f"(and the same flags)")
-                return 130
+                return 128 + stop["requested"]            # 130 after Ctrl-C, 143 after SIGTERM
     checkpoints.save_final(run / "final", policy, tok, cfg)
     print(f"done: {run} (the trained model: {run / 'final'})")
     return 0
