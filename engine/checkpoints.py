@@ -33,9 +33,15 @@ def prepare_run_dir(cfg):
     """Check the run directory, writing nothing (bad input leaves no trace). A new directory starts
     a run; one with a checkpoint continues only with --resume and the same config; one whose run
     stopped before its first checkpoint (config.json, logs, no checkpoint) starts again from step
-    0 with or without --resume, as long as the config is the same."""
+    0 with or without --resume, as long as the config is the same. One whose logs go past its
+    first checkpoint but whose checkpoints are gone (a run as shipped in logs/) is refused: starting
+    it again would replace those logs."""
     run = Path(cfg.out)
     saved = read_config(run / "config.json")
+    if latest(run) is None and (past_first_checkpoint(run, saved or dataclasses.asdict(cfg))
+                                or (run / "final").exists()):
+        raise SystemExit(f"error: {run} holds a run logged past its first checkpoint, and no checkpoint "
+                         "(were they deleted?); it cannot be continued: choose another --out.")
     differs = config_changes(saved, cfg) if saved is not None else {}
     if differs and not (cfg.resume and latest(run)):     # (resume() compares with the checkpoint's own)
         raise SystemExit(f"error: {run} already holds a run with a different config ({describe(differs)}). "
@@ -47,6 +53,19 @@ def prepare_run_dir(cfg):
         raise SystemExit(f"error: --resume but {run} holds no run to continue; leave out --resume to start "
                          "it.")
     return run
+
+
+def past_first_checkpoint(run, config):
+    """Whether metrics.jsonl logs a step after the run's first checkpoint (the log a run that
+    stopped before it cannot hold). Unreadable lines are left to truncate_log."""
+    every, steps = config.get("ckpt_every", 0), config.get("steps", 0)
+    first = min(every, steps) if every else steps
+    path = run / "metrics.jsonl"
+    for line in path.read_bytes().splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+            if json.loads(line)["step"] > first:
+                return True
+    return False
 
 
 def out_of_range(cfg, ranges):

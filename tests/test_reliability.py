@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -82,6 +83,20 @@ def test_a_run_that_crashed_before_its_first_checkpoint_continues_by_rerun_or_re
         assert run(args + ["--out", str(out)] + flags, warm) == 0
         assert "no checkpoint yet" in capsys.readouterr().out
         assert comparable(out) == comparable(tmp_path / "a")                  # as if never interrupted
+
+
+def test_a_run_whose_checkpoints_were_deleted_is_not_started_over(tmp_path, warm):
+    """As shipped in logs/: config.json and a finished log, no checkpoint. Starting it again from
+    step 0 would replace the logs; it is refused, and nothing changes."""
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "2", "--ckpt-every", "1"], warm) == 0
+    for gone in (out / "ckpt", out / "final"):
+        shutil.rmtree(gone)
+    before = (out / "metrics.jsonl").read_bytes()
+    for flags in ([], ["--resume"]):
+        with pytest.raises(SystemExit, match="logged past its first checkpoint, and no checkpoint"):
+            run(["--out", str(out), "--steps", "2", "--ckpt-every", "1"] + flags, warm)
+    assert (out / "metrics.jsonl").read_bytes() == before
 
 
 def test_the_previous_checkpoint_is_kept_and_used_when_the_last_is_damaged(tmp_path, warm, capsys):
