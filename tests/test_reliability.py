@@ -9,6 +9,8 @@ import math
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import train
 from engine import checkpoints, models
 from losses import LOSSES
 
+REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gsm8k.jsonl"
 FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch", "40",
         "--prompts-per-step", "4", "--group-size", "4", "--micro-batch", "16", "--max-new-tokens", "16",
@@ -326,3 +329,29 @@ def test_the_checkpoints_own_step_is_relogged_when_its_line_was_cut_off(tmp_path
     assert "cut-off last line" in capsys.readouterr().out
     assert (out / "metrics.jsonl").read_text() == metrics                     # step 2 whole again
     assert (out / "samples.jsonl").read_text() == samples
+
+
+# ----------------------------------------------------------------------------------------
+# The same, from outside: a real process, a real signal, what the user reads
+
+def test_a_process_sent_sigterm_keeps_its_checkpoint_and_a_damaged_one_reads_as_one_line(tmp_path, warm):
+    out = tmp_path / "run"
+    args = [sys.executable, "train.py", *FAST, "--init", warm, "--out", str(out), "--steps", "500",
+            "--ckpt-every", "1000", "--threads", "1"]
+    with open(tmp_path / "stderr", "w+") as err:   # a file: tqdm's bar never fills a pipe nobody reads
+        p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in p.stdout:                  # the first step's sample is printed: training is under way
+            if line.startswith("--- step 1 sample"):
+                p.send_signal(signal.SIGTERM)
+                break
+        stdout = p.communicate(timeout=600)[0]
+    stderr = (tmp_path / "stderr").read_text()
+    assert p.returncode == 143, stderr[-2000:]
+    assert "SIGTERM" in stdout and "--resume" in stdout and "Traceback" not in stderr
+    step = torch.load(out / "ckpt" / "last.pt", weights_only=True)["step"]
+    assert 1 <= step < 500 and steps_logged(out) == list(range(1, step + 1))
+    (out / "ckpt" / "last.pt").write_bytes(os.urandom(4096))
+    p = subprocess.run(args + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "weights_only" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the checkpoint {out}/ckpt/last.pt is cut off")
