@@ -256,7 +256,9 @@ def truncate_log(path, last_step, own_lines=None):
             keep.append(text)
     if own_lines is not None:
         keep += own_lines
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")           # a crash while rewriting leaves the log whole
+    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def save_final(path, policy, tok, cfg):

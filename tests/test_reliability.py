@@ -314,6 +314,20 @@ def test_a_cut_off_last_line_is_dropped_and_said(tmp_path, capsys):
     assert path.read_text() == '{"step": 1, "loss": 0.5}\n'
 
 
+def test_a_crash_while_the_log_is_rewritten_leaves_it_whole(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    write_log(path, ['{"step": 1, "loss": 0.5}', '{"step": 2, "loss": 0.4}', '{"step": 3, "loss": 0.3}'])
+    before = path.read_bytes()
+
+    def disk_full(self, text, **kwargs):          # half written, then the write fails
+        open(self, "w").write(text[:len(text) // 2])
+        raise OSError("No space left on device")
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError):
+        checkpoints.truncate_log(path, 2)
+    assert path.read_bytes() == before
+
+
 def test_the_checkpoints_own_step_is_relogged_when_its_line_was_cut_off(tmp_path, warm, capsys):
     """The checkpoint carries its step's own log lines: a resume restores them when the log lost
     them, and a cut-off line of that step no longer leaves it missing for good."""
