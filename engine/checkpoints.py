@@ -6,7 +6,8 @@ flushed at once), ckpt/last.pt (weights, optimizer, scheduler, fp16's loss scale
 random state and the step's own log lines), ckpt/prev.pt (the one before, until the next is safely
 written) and, at the end, final/ (a plain save_pretrained directory). Whatever stops a run (a
 crash, Ctrl-C, SIGTERM, a kill), the directory can be continued: --resume, or before the first
-checkpoint the same command again.
+checkpoint the same command again. Nothing is written before the config's numbers are checked
+against train.RANGES (out_of_range) and the data and the model have loaded.
 """
 import contextlib
 import dataclasses
