@@ -98,6 +98,19 @@ class Config:
     pass_n: int = 0
 
 
+# The range of every number in the Config, checked (finite, too) before anything is written.
+RANGES = {">= 0": ("steps", "lr_warmup_steps", "weight_decay", "beta", "eval_every", "eval_n", "sample_every",
+                   "ckpt_every", "lora_rank", "threads", "tepo_full_kl_beta", "pass_n"),
+          "> 0": ("lr", "max_grad_norm", "clip_eps", "temperature", "sft_lr"),
+          ">= 1": ("prompts_per_step", "micro_batch", "updates_per_batch", "max_new_tokens", "eval_batch",
+                   "sft_steps", "pass_k"),
+          ">= 2": ("group_size",),                        # advantages compare completions within a group
+          ">= 0 and <= 1": ("sft_wordy",),
+          ">= 1 and <= 20000": ("sft_batch",),            # drawn from models.warm_start's 20,000 problems
+          ">= 0 and <= 4294967295": ("seed",),
+          "one of 1, 2, 3, 12": ("level",)}               # data.make_synthetic's (12: 1 and 2 alternating)
+
+
 PRESETS = {
     # CPU, offline: a 0.5M-parameter Qwen2 built from a config, a character tokenizer and
     # synthetic one-step problems; a short SFT warm-up, then GRPO.
@@ -152,12 +165,11 @@ def parse_config(argv=None):
     preset = args["preset"] or Config.preset
     cfg = Config(**{**PRESETS[preset], **{k: v for k, v in args.items() if v is not None}})
     cfg.out = cfg.out or f"runs/{cfg.preset}-{cfg.loss}-s{cfg.seed}"
-    problems = []
-    if cfg.group_size < 2:
-        problems.append("--group-size must be >= 2 (advantages compare completions within a group), "
-                        f"got {cfg.group_size}")
+    problems = checkpoints.out_of_range(cfg, RANGES)     # (--max-grad-norm -1 would flip the gradient)
+    if problems:                       # before the checks below, which divide by some of these
+        parser.error("; ".join(problems))
     batch = cfg.prompts_per_step * cfg.group_size
-    if cfg.micro_batch < 1 or batch % cfg.micro_batch:
+    if batch % cfg.micro_batch:
         problems.append(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {batch} rows) "
                         f"must be divisible by --micro-batch {cfg.micro_batch}")
     whole = batch if cfg.cw_scope == "batch" else cfg.group_size       # the rows CW-GRPO's statistics need
@@ -173,18 +185,9 @@ def parse_config(argv=None):
     if wrong:
         problems.append(f"{', '.join(wrong)}: an option of another loss (--tr-* of tr_grpo, --tepo-* of "
                         f"tepo); this run's loss is {cfg.loss}")
-    if cfg.pass_k < 1 or cfg.pass_n < 0:
-        problems.append(f"--pass-k must be >= 1 and --pass-n >= 0 (0: no pass@k), got {cfg.pass_k} and "
-                        f"{cfg.pass_n}")
-    if cfg.tepo_full_kl_beta < 0 or (cfg.tepo_full_kl_beta > 0 and cfg.beta <= 0):
-        problems.append(f"--tepo-full-kl-beta {cfg.tepo_full_kl_beta} must be >= 0, and > 0 only with "
-                        f"--beta > 0 (the reference model the KL is measured against; got --beta {cfg.beta})")
-    if cfg.temperature <= 0:
-        problems.append("--temperature must be > 0 (sampling; evaluation is greedy anyway)")
-    if cfg.steps < 0 or cfg.updates_per_batch < 1 or cfg.max_new_tokens < 1:
-        problems.append("--steps must be >= 0, --updates-per-batch and --max-new-tokens >= 1")
-    if min(cfg.eval_every, cfg.sample_every, cfg.ckpt_every) < 0:
-        problems.append("--eval-every, --sample-every and --ckpt-every must be >= 0 (0: not along the way)")
+    if cfg.tepo_full_kl_beta > 0 and cfg.beta <= 0:
+        problems.append(f"--tepo-full-kl-beta {cfg.tepo_full_kl_beta} is > 0 only with --beta > 0 (the "
+                        f"reference model the KL is measured against; got --beta {cfg.beta})")
     if problems:
         parser.error("; ".join(problems))
     return cfg
@@ -433,8 +436,8 @@ def main(argv=None):
         print(models.warm_start(cfg))
         return 0
     device = pick_device(cfg)
-    run = checkpoints.prepare_run_dir(cfg)
     train, held_out = load_problems(cfg)          # first, so a broken data file fails fast
+    run = checkpoints.prepare_run_dir(cfg)        # checks only: nothing is written before write_config
     policy, tok = load_model(cfg, device)
     ref = reference_model(policy, cfg)            # the frozen start, for the KL term (None if beta = 0)
     # Seed after loading: a model built on first use (warm start, GGUF) draws random numbers of its own.
@@ -445,7 +448,7 @@ def main(argv=None):
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(cfg.lr_warmup_steps, 1)))
     scaler = grad_scaler(cfg, device)             # fp16 only; passes straight through otherwise
-    start = checkpoints.resume(run, policy, optimizer, scheduler, scaler, cfg) if cfg.resume else 0
+    start = checkpoints.resume(run, policy, optimizer, scheduler, scaler, cfg)   # 0: a new run
     checkpoints.write_config(run, cfg, start, mfu.machine(device))   # the config, and the machine it ran on
     metrics, samples = checkpoints.Log(run / "metrics.jsonl"), checkpoints.Log(run / "samples.jsonl")
 
@@ -471,8 +474,8 @@ def main(argv=None):
                 prompts = batch_of_prompts(train, cfg, step)
                 m, sample = grpo_step(policy, ref, tok, optimizer, scheduler, prompts, cfg, device, scaler)
             except FloatingPointError as e:
-                raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint is "
-                                 f"{run}/ckpt/last.pt (try a lower --lr).") from None
+                raise SystemExit(f"error at step {step}: {e}. Stopped; the last good checkpoint: "
+                                 f"{checkpoints.latest(run) or 'none yet'} (try a lower --lr).") from None
             m.update(step_time=time.perf_counter() - t0, peak_mem_gb=mfu.peak_mem_gb(device))
             m["mfu"] = m.pop("flops") / m["step_time"] / mfu.peak_flops(device, cfg)
             metrics.write(step=step, **m)
@@ -486,11 +489,12 @@ def main(argv=None):
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
                 held_out_accuracy(step)
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop["requested"]:
-                checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg)
+                checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg,
+                                            (metrics, samples))
             if stop["requested"]:
                 print(f"stopped at step {step}; continue with: python train.py --out {run} --resume "
                       f"(and the same flags)")
-                return 130
+                return 128 + stop["requested"]            # 130 after Ctrl-C, 143 after SIGTERM
     checkpoints.save_final(run / "final", policy, tok, cfg)
     print(f"done: {run} (the trained model: {run / 'final'})")
     return 0
