@@ -139,11 +139,12 @@ class Point:
 
     def restore(self, snap):
         """Back to the snapshot's bytes (copies: the optimizer would otherwise update the snapshot's
-        tensors in place)."""
+        tensors in place; the old state goes first, so that two copies of AdamW's state at most exist)."""
         with torch.no_grad():
             for p, saved in zip(self.params, snap["params"]):
                 p.copy_(saved)
                 p.grad = None
+        self.optimizer.state.clear()
         self.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))
         self.scheduler.load_state_dict(copy.deepcopy(snap["scheduler"]))
         if snap["scaler"]:
@@ -151,33 +152,29 @@ class Point:
         set_rng_state(snap["rng"])
 
     def fingerprint(self):
-        """sha256 of the parameters', optimizer state's and random state's bytes."""
+        """sha256 of the bytes of the parameters, the optimizer's state and hyperparameters, the
+        scheduler's state and the random state (fed tensor by tensor, without copies)."""
         h = hashlib.sha256()
         for p in self.params:
             h.update(tensor_bytes(p))
-        h.update(optimizer_bytes(self.optimizer))
+        state = self.optimizer.state_dict()
+        h.update(json.dumps(state["param_groups"], sort_keys=True).encode())
+        for index in sorted(state["state"]):
+            for key, value in sorted(state["state"][index].items()):
+                h.update(key.encode())
+                h.update(tensor_bytes(value) if torch.is_tensor(value) else repr(value).encode())
         h.update(json.dumps(self.scheduler.state_dict(), sort_keys=True, default=str).encode())
         rng = rng_state()
-        h.update(rng["torch"].numpy().tobytes())
+        h.update(tensor_bytes(rng["torch"]))
         h.update(repr(rng["python"]).encode())
-        for state in rng["cuda"]:
-            h.update(state.numpy().tobytes())
+        for generator in rng["cuda"]:
+            h.update(tensor_bytes(generator))
         return h.hexdigest()[:16]
 
 
-def optimizer_bytes(optimizer):
-    """The optimizer state's tensors, parameter by parameter, and its hyperparameters, as bytes."""
-    state = optimizer.state_dict()
-    parts = [json.dumps(state["param_groups"], sort_keys=True).encode()]
-    for index in sorted(state["state"]):
-        for key, value in sorted(state["state"][index].items()):
-            parts.append(key.encode())
-            parts.append(tensor_bytes(value) if torch.is_tensor(value) else repr(value).encode())
-    return b"".join(parts)
-
-
 def tensor_bytes(t):
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    """A tensor's bytes as a buffer (no copy on the CPU)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def rng_state():
@@ -207,15 +204,18 @@ def sample(policy, tok, problems, cfg, device):
     return batch, r, correct, group_advantages(r, G, cfg.scale_std).to(device)
 
 
-def update_inputs(policy, ref, batch, adv, cfg):
+def update_inputs(policy, ref, batch, adv, cfg, ref_logp=None):
     """grpo_step's step 4: (old_logp, entropy, ref_logp, cw_weights), in update()'s order; None where
-    the step has none (on policy, update() takes the old log-probs from its own pass)."""
-    old_logp = entropy = cw_weights = ref_logp = None
+    the step has none (on policy, update() takes the old log-probs from its own pass). ``ref_logp``:
+    the reference's log-probs of this batch, if already computed (the same for every arm)."""
+    old_logp = entropy = cw_weights = None
     if cfg.loss == "cw_grpo" and cfg.cw_detach:
         old_logp, entropy = score_no_grad(policy, batch, cfg)
         cw_weights = cw_grpo_weights(old_logp, adv, batch.mask, cfg.group_size, scope=cfg.cw_scope,
                                      normalise=cfg.cw_normalise)
-    if cfg.beta > 0:
+    if cfg.beta <= 0:
+        ref_logp = None
+    elif ref_logp is None:
         with policy.disable_adapter() if cfg.lora_rank > 0 else contextlib.nullcontext():
             ref_logp = score_no_grad(ref if ref is not None else policy, batch, cfg)[0]
     return old_logp, entropy, ref_logp, cw_weights
@@ -239,16 +239,18 @@ def logp_gradients(name):
         LOSSES[name] = original
 
 
-def one_update(point, batch, adv, cfg):
+def one_update(point, batch, adv, cfg, ref_logp=None):
     """One train.update() on the batch, as grpo_step's first update. Returns (stats of update(), the
-    gradient AdamW received as one flat vector (None if fp16 skipped the step), ∂L/∂logp [B, C])."""
+    gradient AdamW received, a tensor per parameter (None if fp16 skipped the step), ∂L/∂logp [B, C]).
+    The gradient tensors are the parameters' own .grad (AdamW reads them, never writes them; the next
+    update sets .grad to None and leaves them to us): no copy."""
     taken = {}
 
     def before_step(optimizer, args, kwargs):         # after clip_grad_norm_, before AdamW
-        taken["grad"] = flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in point.params])
+        taken["grad"] = [p.grad if p.grad is not None else torch.zeros_like(p) for p in point.params]
     hook = point.optimizer.register_step_pre_hook(before_step)
     try:
-        inputs = update_inputs(point.policy, point.ref, batch, adv, cfg)
+        inputs = update_inputs(point.policy, point.ref, batch, adv, cfg, ref_logp)
         with logp_gradients(cfg.loss) as grads:
             stats, _ = train.update(point.policy, point.optimizer, point.scheduler, batch, adv, *inputs, cfg,
                                     point.scaler)
@@ -265,26 +267,59 @@ def flat(tensors):
     return torch.cat([t.detach().reshape(-1).float() for t in tensors])
 
 
+def dot(a, b):
+    """Σ a·b over lists of tensors, in float64 one tensor at a time (a float32 dot product over 135M
+    coordinates is off in the fifth digit; a float64 copy of them all would be 1 GB)."""
+    return sum(x.detach().double().flatten() @ y.detach().double().flatten() for x, y in zip(a, b)).item()
+
+
+def cosine(a, b):
+    """cos(a, b) of two lists of tensors (one vector each); None if either is missing or zero."""
+    if a is None or b is None:
+        return None
+    denominator = math.sqrt(dot(a, a) * dot(b, b))
+    return dot(a, b) / denominator if denominator > 0 else None
+
+
 # ----------------------------------------------------------------------------------------
 # The measurements: each a small function, checked by hand in tests/test_one_step.py.
 
-@torch.no_grad()
 def position_logprobs(model, batch, cfg):
-    """log softmax(logits / T) at every completion position, [B, C, V] float32: the logits
-    scoring.score computes (the same inputs, positions and precision), kept whole."""
+    """log softmax(logits / T) at every completion position, float32 [b, width, V] per micro-batch
+    (a list: one micro-batch's is 250 MB on SmolLM2): the logits scoring.score computes (the same
+    inputs, positions and precision), kept whole."""
+    return [lp for _, lp in each_position_logprobs(model, batch, cfg)]
+
+
+@torch.no_grad()
+def each_position_logprobs(model, batch, cfg):
+    """(rows, log-probs [b, width, V]) micro-batch by micro-batch, one alive at a time."""
     was_training = model.training
     model.eval()
-    C, parts = batch.mask.shape[1], []
-    for _, part in micro_batches(batch, cfg):
+    for rows, part in micro_batches(batch, cfg):
         ids = torch.cat([part.prompt_ids, part.completions[:, :-1]], dim=1)
         attn = torch.cat([part.prompt_attn, part.mask[:, :-1].to(part.prompt_attn.dtype)], dim=1)
         with autocast(cfg, ids.device):
             logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0),
                            logits_to_keep=part.completions.shape[1], use_cache=False).logits
-        lp = torch.log_softmax(logits.float() / cfg.temperature, dim=-1)
-        parts.append(torch.nn.functional.pad(lp, (0, 0, 0, C - lp.shape[1])))
+        yield rows, torch.log_softmax(logits.float() / cfg.temperature, dim=-1)
+        del logits
     model.train(was_training)
-    return torch.cat(parts)
+
+
+@torch.no_grad()
+def changes(before, model, batch, cfg):
+    """Per token of the batch, [B, C] each (0 on padding): KL(before ‖ after), the entropy before and
+    after, and the change of the sampled token's log-prob; ``before``: position_logprobs before the
+    step, the model: after it."""
+    C, parts = batch.mask.shape[1], []
+    for lp_before, (rows, lp_after) in zip(before, each_position_logprobs(model, batch, cfg)):
+        tokens = batch.completions[rows, :lp_after.shape[1]]
+        kl, h_before, h_after = token_kl_entropy(lp_before, lp_after)
+        change = (lp_after - lp_before).gather(-1, tokens[..., None]).squeeze(-1)
+        parts.append([torch.nn.functional.pad(t, (0, C - t.shape[1]))
+                      for t in (kl, h_before, h_after, change)])
+    return [torch.cat(t) for t in zip(*parts)]
 
 
 def token_mean(x, mask):
@@ -293,29 +328,30 @@ def token_mean(x, mask):
     return (x * mask).sum().item() / n.item() if n > 0 else None
 
 
-def kl_and_entropy(before, after, mask):
-    """(KL(before ‖ after), entropy(after) − entropy(before), entropy(before)), each a mean over the
-    valid tokens; ``before``/``after`` are log-probs [B, C, V]."""
+def token_kl_entropy(before, after):
+    """Per position: (KL(before ‖ after), entropy before, entropy after), from log-probs [..., V]."""
     p = before.exp()
-    kl = (p * (before - after)).sum(-1)
-    h_before, h_after = -(p * before).sum(-1), -(after.exp() * after).sum(-1)
-    return token_mean(kl, mask), token_mean(h_after - h_before, mask), token_mean(h_before, mask)
+    return (p * (before - after)).sum(-1), -(p * before).sum(-1), -(after.exp() * after).sum(-1)
 
 
-def logp_change_by_sign(before, after, tokens, adv, mask):
-    """Mean change of the sampled tokens' log-probs over the tokens of positive- and of
-    negative-advantage answers: (positive, negative), None where there are none."""
-    change = (after - before).gather(-1, tokens[..., None]).squeeze(-1)
-    return tuple(token_mean(change, mask * side[:, None].float()) for side in (adv > 0, adv < 0))
+def mean_by_sign(x, adv, mask):
+    """Means of x [B, C] over the valid tokens of positive- and of negative-advantage answers
+    (positive, negative), None where there are none."""
+    return tuple(token_mean(x, mask * side[:, None].float()) for side in (adv > 0, adv < 0))
 
 
-def token_push(dlogp, before, tokens, temperature):
-    """|∂L/∂logits_t| = |∂L/∂logp_t| · ‖onehot(o_t) − p_t‖ / T, [B, C], where p_t = softmax of the
-    temperature-scaled logits (``before``: its log, [B, C, V]): logp_t = log p_t[o_t], so
-    ∂logp_t/∂logits_t = (onehot(o_t) − p_t) / T."""
+@torch.no_grad()
+def onehot_distance(before, tokens):
+    """‖onehot(o_t) − p_t‖ per position, from the log-probs ``before`` [..., V] and the tokens [...]:
+    sqrt(1 − 2 p_t[o_t] + Σ_v p_t,v²)."""
     p = before.exp()
     p_token = p.gather(-1, tokens[..., None]).squeeze(-1)
-    distance = (1 - 2 * p_token + (p * p).sum(-1)).clamp(min=0).sqrt()        # ‖onehot − p‖
+    return (1 - 2 * p_token + (p * p).sum(-1)).clamp(min=0).sqrt()
+
+
+def token_push(dlogp, distance, temperature):
+    """|∂L/∂logits_t| = |∂L/∂logp_t| · ‖onehot(o_t) − p_t‖ / T, [B, C]: logp_t = log p_t[o_t] with
+    p_t = softmax(logits_t / T), so ∂logp_t/∂logits_t = (onehot(o_t) − p_t) / T."""
     return dlogp.abs() * distance / temperature
 
 
@@ -329,13 +365,6 @@ def top_share(values, mask, fraction=0.01):
     return (v.topk(k).values.sum() / v.sum()).item()
 
 
-def cosine(a, b):
-    """In float64: a float32 dot product over 135M coordinates is off in the fifth digit."""
-    if a is None or b is None:
-        return None
-    a, b = a.double(), b.double()
-    denominator = a.norm() * b.norm()
-    return (a @ b / denominator).item() if denominator > 0 else None
 
 
 # ----------------------------------------------------------------------------------------
@@ -347,39 +376,46 @@ def arms_on_a_batch(point, arm_cfgs, batch, adv, held_out=None):
     start = point.snapshot()
     before = position_logprobs(point.policy, batch, point.cfg)
     held_before = None if held_out is None else position_logprobs(point.policy, held_out, point.cfg)
-    tokens, mask = batch.completions, batch.mask
+    C, mask = batch.mask.shape[1], batch.mask
+    distance = torch.cat([torch.nn.functional.pad(onehot_distance(lp, batch.completions[rows, :lp.shape[1]]),
+                                                  (0, C - lp.shape[1]))
+                          for lp, (rows, _) in zip(before, micro_batches(batch, point.cfg))])
     records, grpo = [], {}
+    ref_logp = update_inputs(point.policy, point.ref, batch, adv, point.cfg)[2]      # scored once for all
     for name, cfg in arm_cfgs.items():
         point.restore(start)
         t = time.perf_counter()
         sha = point.fingerprint()
         lr = point.optimizer.param_groups[0]["lr"]
         t_update = time.perf_counter()
-        (loss, grad_norm, infos), grad, dlogp = one_update(point, batch, adv, cfg)
+        (loss, grad_norm, infos), grad, dlogp = one_update(point, batch, adv, cfg, ref_logp)
         t_update = time.perf_counter() - t_update
         with torch.no_grad():
-            delta = flat([p - s for p, s in zip(point.params, start["params"])])
+            delta = [p - s for p, s in zip(point.params, start["params"])]
         if name == "grpo":
             grpo = dict(grad=grad, delta=delta)
-        after = position_logprobs(point.policy, batch, point.cfg)
-        kl, entropy_change, entropy_before = kl_and_entropy(before, after, mask)
-        pos, neg = logp_change_by_sign(before, after, tokens, adv, mask)
+        kl, h_before, h_after, change = changes(before, point.policy, batch, point.cfg)
+        pos, neg = mean_by_sign(change, adv, mask)
         n_tok = sum(n for _, n in infos)
         record = dict(arm=name, loss_name=cfg.loss, lr=lr, loss=loss, grad_norm_pre_clip=grad_norm,
-                      grad_norm_post_clip=None if grad is None else grad.norm().item(),
+                      grad_norm_post_clip=None if grad is None else math.sqrt(dot(grad, grad)),
                       max_grad_norm=cfg.max_grad_norm, grad_cos_grpo=cosine(grad, grpo["grad"]),
-                      update_norm=delta.norm().item(), update_cos_grpo=cosine(delta, grpo["delta"]),
-                      kl=kl, entropy_before=entropy_before, entropy_change=entropy_change,
+                      update_norm=math.sqrt(dot(delta, delta)), update_cos_grpo=cosine(delta, grpo["delta"]),
+                      kl=token_mean(kl, mask), entropy_before=token_mean(h_before, mask),
+                      entropy_change=token_mean(h_after - h_before, mask),
                       logp_change_pos=pos, logp_change_neg=neg,
-                      push_top1pct_share=top_share(token_push(dlogp, before, tokens, cfg.temperature), mask),
+                      push_top1pct_share=top_share(token_push(dlogp, distance, cfg.temperature), mask),
                       kl_to_ref=sum(info["kl"].item() * n for info, n in infos) / n_tok,
                       start_sha=sha, update_time=t_update)
+        del delta, grad
         if held_out is not None:
-            held_after = position_logprobs(point.policy, held_out, point.cfg)
-            record["held_out_kl"], record["held_out_entropy_change"], record["held_out_entropy_before"] = \
-                kl_and_entropy(held_before, held_after, held_out.mask)
+            kl, h_before, h_after, _ = changes(held_before, point.policy, held_out, point.cfg)
+            record.update(held_out_kl=token_mean(kl, held_out.mask),
+                          held_out_entropy_before=token_mean(h_before, held_out.mask),
+                          held_out_entropy_change=token_mean(h_after - h_before, held_out.mask))
         record["time"] = time.perf_counter() - t
         records.append(record)
+        print(f"  {name}: {record['time']:.0f}s", flush=True)
     point.restore(start)
     return records
 
@@ -432,11 +468,18 @@ def main(argv=None):
     arm_cfgs = {name: arm_config(args, name) for name in args.arms}
     device = pick_device(cfg)
     train_problems, held_out = load_problems(cfg)
-    log_path = args.out / "one_step.jsonl"
-    (args.out / "config.json").write_text(json.dumps(
-        dict(preset=args.preset, batches=args.batches, arms=args.arms, points=args.points,
-             train_steps=args.train_steps, from_run=args.from_run, held_out=args.held_out, seed=args.seed,
-             extra=args.extra, config=vars(cfg)), indent=2, default=str))
+    log_path, config_path = args.out / "one_step.jsonl", args.out / "config.json"
+    lab = dict(preset=args.preset, arms=args.arms, train_steps=args.train_steps, from_run=args.from_run,
+               held_out=args.held_out, seed=args.seed, extra=args.extra)
+    if config_path.exists() and log_path.exists():      # going on: only --batches and --points may change
+        saved = json.loads(config_path.read_text())
+        changed = {k: (saved.get(k), v) for k, v in lab.items() if saved.get(k) != v}
+        if changed:
+            raise SystemExit(f"error: {args.out} holds a lab run with other settings ("
+                             + ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in changed.items())
+                             + "); choose another --out")
+    config_path.write_text(json.dumps(dict(lab, batches=args.batches, points=args.points, config=vars(cfg)),
+                                      indent=2, default=str))
     done = finished(log_path, args.arms)
     start_time = time.time()
     with open(log_path, "a") as log:

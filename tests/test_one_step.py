@@ -73,7 +73,7 @@ def test_the_update_is_grpo_steps_bit_for_bit(flags, loss):
     torch.manual_seed(7)
     batch, r, _, adv = one_step.sample(ours.policy, ours.tok, problems(cfg), cfg, CPU)
     assert r.mean().item() == metrics["reward"]
-    (_, grad_norm, _), grad, _ = one_step.one_update(ours, batch, adv, cfg)
+    (_, grad_norm, _), _, _ = one_step.one_update(ours, batch, adv, cfg)
     assert grad_norm == metrics["grad_norm"]
     assert equal_state(ours, theirs)
     assert not all(torch.equal(p, s) for p, s in zip(theirs.params, start))          # it moved
@@ -82,8 +82,9 @@ def test_the_update_is_grpo_steps_bit_for_bit(flags, loss):
     torch.manual_seed(7)
     batch, _, _, adv = one_step.sample(lab.policy, lab.tok, problems(cfg), cfg, CPU)
     record, = one_step.arms_on_a_batch(lab, {"grpo": cfg}, batch, adv)
-    delta = one_step.flat([p - s for p, s in zip(theirs.params, start)])
-    assert record["update_norm"] == delta.norm().item() and record["grad_norm_pre_clip"] == grad_norm
+    delta = [p.detach() - s for p, s in zip(theirs.params, start)]
+    assert record["update_norm"] == math.sqrt(one_step.dot(delta, delta))
+    assert record["grad_norm_pre_clip"] == grad_norm
 
 
 def test_the_trained_point_is_the_checkpoint_train_py_resumes_from(flags, tmp_path):
@@ -150,31 +151,55 @@ def test_kl_and_entropy_by_hand():
     H(p) = ln 2, H(q) = -(3/4 ln 3/4 + 1/4 ln 1/4). A masked position counts for nothing."""
     before = torch.tensor([[[0.5, 0.5], [0.9, 0.1]]]).log()
     after = torch.tensor([[[0.75, 0.25], [0.1, 0.9]]]).log()
-    kl, change, h = one_step.kl_and_entropy(before, after, torch.tensor([[1.0, 0.0]]))
-    assert kl == pytest.approx(0.5 * math.log(4 / 3))
-    assert h == pytest.approx(math.log(2))
-    assert change == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) - math.log(2))
-    assert one_step.kl_and_entropy(before, before, torch.tensor([[1.0, 1.0]]))[:2] == (0.0, 0.0)
+    kl, h_before, h_after = one_step.token_kl_entropy(before, after)
+    mask = torch.tensor([[1.0, 0.0]])
+    assert one_step.token_mean(kl, mask) == pytest.approx(0.5 * math.log(4 / 3))
+    assert one_step.token_mean(h_before, mask) == pytest.approx(math.log(2))
+    assert one_step.token_mean(h_after - h_before, mask) == pytest.approx(
+        -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) - math.log(2))
+    assert one_step.token_kl_entropy(before, before)[0].abs().max() == 0
+    assert one_step.token_mean(kl, torch.zeros(1, 2)) is None
 
 
 def test_logp_change_by_the_sign_of_the_advantage_by_hand():
     """Row 0 (A > 0) gains ln 2 on its first token and ln 4 on its second, row 1 (A < 0) loses
     ln 2 on its one valid token, row 2 (A = 0) counts in neither."""
-    before = torch.full((3, 2, 2), 0.5).log()
-    after = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.25, 0.75], [0.5, 0.5]], [[1.0, 0.0], [1.0, 0.0]]])
-    after = after.clamp(min=1e-30).log()
-    tokens = torch.tensor([[0, 1], [0, 0], [0, 0]])
+    change = torch.tensor([[math.log(2), math.log(4)], [-math.log(2), 5.0], [9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
-    pos, neg = one_step.logp_change_by_sign(before, after, tokens, torch.tensor([1.0, -1.0, 0.0]), mask)
-    assert pos == pytest.approx(math.log(2)) and neg == pytest.approx(math.log(0.25 / 0.5))
-    assert one_step.logp_change_by_sign(before, after, tokens, torch.tensor([1.0, 1.0, 1.0]), mask)[1] is None
+    pos, neg = one_step.mean_by_sign(change, torch.tensor([1.0, -1.0, 0.0]), mask)
+    assert pos == pytest.approx(1.5 * math.log(2)) and neg == pytest.approx(-math.log(2))
+    assert one_step.mean_by_sign(change, torch.tensor([1.0, 1.0, 1.0]), mask)[1] is None
+
+
+def test_the_lab_reads_the_changes_of_the_sampled_tokens_on_the_tiny_model(flags):
+    """changes() on a model moved by one step: its KL and entropies are token_kl_entropy of the
+    two position_logprobs, and its log-prob change is that of score()'s log-probs."""
+    cfg = config(flags)
+    point = one_step.Point(cfg, CPU)
+    torch.manual_seed(3)
+    batch, _, _, adv = one_step.sample(point.policy, point.tok, problems(cfg), cfg, CPU)
+    before_logp = train.score_no_grad(point.policy, batch, cfg)[0]
+    before = one_step.position_logprobs(point.policy, batch, cfg)
+    one_step.one_update(point, batch, adv, cfg)
+    after_logp = train.score_no_grad(point.policy, batch, cfg)[0]
+    kl, h_before, h_after, change = one_step.changes(before, point.policy, batch, cfg)
+    after = one_step.position_logprobs(point.policy, batch, cfg)
+    mask = batch.mask
+    assert torch.allclose(change * mask, (after_logp - before_logp) * mask, atol=1e-5)
+    width = before[0].shape[1]
+    expected = one_step.token_kl_entropy(before[0], after[0])
+    for ours, theirs in zip((kl, h_before, h_after), expected):
+        assert torch.allclose(ours[:, :width], theirs)
+    assert one_step.token_mean(kl, mask) > 0
 
 
 def test_token_push_by_hand_and_against_autograd():
     """p = (1/2, 1/4, 1/4), token 0, ∂L/∂logp = -2, T = 1/2: ‖onehot − p‖ = sqrt(1/4 + 1/16 + 1/16),
     push = 2 · sqrt(3/8) / (1/2). And on random logits it is the norm of autograd's gradient on them."""
     before = torch.tensor([[[0.5, 0.25, 0.25]]]).log()
-    push = one_step.token_push(torch.tensor([[-2.0]]), before, torch.tensor([[0]]), 0.5)
+    distance = one_step.onehot_distance(before, torch.tensor([[0]]))
+    assert distance.item() == pytest.approx(math.sqrt(3 / 8))
+    push = one_step.token_push(torch.tensor([[-2.0]]), distance, 0.5)
     assert push.item() == pytest.approx(2 * math.sqrt(3 / 8) / 0.5)
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11, requires_grad=True)
@@ -183,7 +208,8 @@ def test_token_push_by_hand_and_against_autograd():
     coef = torch.randn(3, 5)
     (logp * coef).sum().backward()
     before = torch.log_softmax(logits.detach() / T, dim=-1)
-    assert torch.allclose(one_step.token_push(coef, before, tokens, T), logits.grad.norm(dim=-1), atol=1e-6)
+    push = one_step.token_push(coef, one_step.onehot_distance(before, tokens), T)
+    assert torch.allclose(push, logits.grad.norm(dim=-1), atol=1e-6)
 
 
 def test_top_share_and_cosine_by_hand():
@@ -194,8 +220,9 @@ def test_top_share_and_cosine_by_hand():
     assert one_step.top_share(values, mask) == pytest.approx((199 + 198) / (20100 - 200))
     assert one_step.top_share(torch.tensor([[3.0, 1.0]]), torch.ones(1, 2)) == pytest.approx(0.75)  # 1 token
     assert one_step.top_share(torch.zeros(1, 2), torch.ones(1, 2)) is None
-    assert one_step.cosine(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])) == pytest.approx(2 ** -0.5)
-    assert one_step.cosine(torch.zeros(2), torch.ones(2)) is None
+    a, b = [torch.tensor([1.0, 0.0]), torch.tensor([2.0])], [torch.tensor([1.0, 1.0]), torch.tensor([0.0])]
+    assert one_step.cosine(a, b) == pytest.approx(1 / (math.sqrt(5) * math.sqrt(2)))     # (1,0,2)·(1,1,0)
+    assert one_step.cosine([torch.zeros(2)], [torch.ones(2)]) is None
 
 
 def test_gradient_and_update_readings_on_the_tiny_model_by_hand(flags):
@@ -212,8 +239,9 @@ def test_gradient_and_update_readings_on_the_tiny_model_by_hand(flags):
     (_, norm, _), grad, dlogp = one_step.one_update(point, batch, adv, unclipped)
     point.restore(snap)
     (_, clipped_norm, _), clipped, _ = one_step.one_update(point, batch, adv, cfg)
+    grad, clipped = one_step.flat(grad), one_step.flat(clipped)
     assert clipped_norm == norm > 0.01 and clipped.norm().item() == pytest.approx(0.01, rel=1e-4)
-    assert one_step.cosine(grad, clipped) == pytest.approx(1.0, abs=1e-6)
+    assert one_step.cosine([grad], [clipped]) == pytest.approx(1.0, abs=1e-9)
     B, lengths = batch.mask.shape[0], batch.mask.sum(1, keepdim=True)
     assert torch.allclose(dlogp, -adv[:, None] * batch.mask / (lengths * B), atol=1e-7)
     point.restore(snap)
@@ -256,7 +284,7 @@ def test_a_constant_factor_on_the_loss_leaves_adamws_first_step_unchanged(flags,
             point.scheduler = torch.optim.lr_scheduler.LambdaLR(point.optimizer, lambda s: 1.0)
         monkeypatch.setitem(LOSSES, "grpo", scaled(losses.grpo_loss, scale))
         (_, norm, _), grad, _ = one_step.one_update(point, batch, adv, cfg)
-        norms[scale, optimizer], grads[scale, optimizer] = norm, grad
+        norms[scale, optimizer], grads[scale, optimizer] = norm, one_step.flat(grad)
         steps[scale, optimizer] = one_step.flat([p - s for p, s in zip(point.params, snap["params"])])
     g, a, b = grads[1.0, "adamw"], steps[1.0, "adamw"], steps[factor, "adamw"]
     for scale in (1.0, factor):                     # -lr · g / (|g| + eps), coordinate by coordinate
@@ -299,3 +327,5 @@ def test_the_lab_writes_a_line_per_point_batch_and_arm_and_goes_on_where_it_stop
     assert one_step.main(argv) == 0
     again = [json.loads(line) for line in (out / "one_step.jsonl").read_text().splitlines()]
     assert [timeless(r) for r in again] == [timeless(r) for r in lines]
+    with pytest.raises(SystemExit, match="other settings"):           # not on top of another lab's lines
+        one_step.main([a if a != "grpo-beta0" else "tepo-tokratio" for a in argv])
