@@ -34,11 +34,17 @@ one train.update(), the first (on-policy) update grpo_step makes. One JSON line 
 - held_out_entropy_change, held_out_kl: the same on completions of --held-out held-out prompts
   sampled once per point from π_before (where exploration happens);
 - start_sha: a hash of the bytes every arm starts from (parameters, optimizer state, random
-  state): equal across the arms of a batch; and the batch's reward, tokens, lr, loss, timings.
+  state): equal across the arms of a batch; kl_to_ref: the loss's own k3 against the reference
+  (0 at the untouched model); and the batch's reward, tokens, the lr, the loss, timings.
+
+train.py is not changed for this: update() returns the norm before the clip, an optimizer step
+pre-hook reads the clipped gradient AdamW gets, and for the call LOSSES[loss] is wrapped
+(functools.wraps; values untouched) to read ∂L/∂logp. tests/test_one_step.py checks that the
+parameters and AdamW state after the script's update equal grpo_step's bit for bit.
 
 Run it again to go on: finished (point, batch) pairs are kept and their arms skipped (the batches
 are still sampled, in order, so the random stream is the same). Extra train.py flags go after
-``--`` (the tests: ``--init <warm start> --sft-steps 30 ...``).
+``--`` (``-- --threads 2``; the tests: ``--init <warm start> --sft-steps 30 ...``).
 """
 import argparse
 import contextlib
@@ -273,6 +279,15 @@ def dot(a, b):
     return sum(x.detach().double().flatten() @ y.detach().double().flatten() for x, y in zip(a, b)).item()
 
 
+def norm_and_cosine(a, b):
+    """(‖a‖, cos(a, b)) of two sequences of tensors, in one pass (``a`` may be a generator), float64."""
+    aa = ab = bb = 0.0
+    for x, y in zip(a, b):
+        x, y = x.detach().double().flatten(), y.detach().double().flatten()
+        aa, ab, bb = aa + (x @ x).item(), ab + (x @ y).item(), bb + (y @ y).item()
+    return math.sqrt(aa), (ab / math.sqrt(aa * bb) if aa * bb > 0 else None)
+
+
 def cosine(a, b):
     """cos(a, b) of two lists of tensors (one vector each); None if either is missing or zero."""
     if a is None or b is None:
@@ -390,17 +405,19 @@ def arms_on_a_batch(point, arm_cfgs, batch, adv, held_out=None):
         t_update = time.perf_counter()
         (loss, grad_norm, infos), grad, dlogp = one_update(point, batch, adv, cfg, ref_logp)
         t_update = time.perf_counter() - t_update
-        with torch.no_grad():
-            delta = [p - s for p, s in zip(point.params, start["params"])]
-        if name == "grpo":
-            grpo = dict(grad=grad, delta=delta)
+        with torch.no_grad():                          # GRPO's step is kept; the others are read in one pass
+            delta = [p - s for p, s in zip(point.params, start["params"])] if name == "grpo" else \
+                (p - s for p, s in zip(point.params, start["params"]))
+            if name == "grpo":
+                grpo = dict(grad=grad, delta=delta)
+            update_norm, update_cos = norm_and_cosine(delta, grpo["delta"])
         kl, h_before, h_after, change = changes(before, point.policy, batch, point.cfg)
         pos, neg = mean_by_sign(change, adv, mask)
         n_tok = sum(n for _, n in infos)
         record = dict(arm=name, loss_name=cfg.loss, lr=lr, loss=loss, grad_norm_pre_clip=grad_norm,
                       grad_norm_post_clip=None if grad is None else math.sqrt(dot(grad, grad)),
                       max_grad_norm=cfg.max_grad_norm, grad_cos_grpo=cosine(grad, grpo["grad"]),
-                      update_norm=math.sqrt(dot(delta, delta)), update_cos_grpo=cosine(delta, grpo["delta"]),
+                      update_norm=update_norm, update_cos_grpo=update_cos,
                       kl=token_mean(kl, mask), entropy_before=token_mean(h_before, mask),
                       entropy_change=token_mean(h_after - h_before, mask),
                       logp_change_pos=pos, logp_change_neg=neg,
