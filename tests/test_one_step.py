@@ -1,0 +1,331 @@
+"""Tests for experiments/one_step.py on the tiny model: its update is train.py's, bit for bit; every
+arm starts from the same bytes; each measurement on a case worked by hand; and the property that
+motivates the lab (AdamW's first step does not see a constant factor on the loss)."""
+import functools
+import json
+import math
+
+import pytest
+import torch
+
+import losses
+import train
+from engine import models
+from experiments import one_step
+from losses import LOSSES
+
+FAST = ["--preset", "tiny", "--sft-steps", "30", "--eval-n", "40", "--eval-batch", "40",
+        "--prompts-per-step", "4", "--group-size", "4", "--micro-batch", "16", "--max-new-tokens", "16",
+        "--eval-every", "0", "--sample-every", "2"]               # test_train's: the same cached warm start
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def warm(warm_starts):
+    return models.warm_start(train.parse_config(FAST + ["--out", str(warm_starts / "x")]))
+
+
+@pytest.fixture
+def flags(warm, monkeypatch):
+    """The tiny run's flags; and mixed rewards (the badly warmed-up model is never right, and a batch
+    of all-equal rewards has no gradient to compare)."""
+    monkeypatch.setattr(train.rewards, "reward", lambda text, gold: float(sum(map(ord, text)) % 2 == 0))
+    return FAST + ["--init", warm, "--temperature", "0.7", "--lr", "1e-3"]
+
+
+def config(flags, *more):
+    return train.parse_config(flags + list(more))
+
+
+def problems(cfg):
+    return train.load_problems(cfg)[0][:cfg.prompts_per_step]
+
+
+def timeless(record):
+    """A record without its timings (the rest is deterministic)."""
+    return {k: v for k, v in record.items() if "time" not in k}
+
+
+def equal_state(a, b):
+    """Parameters and optimizer state, bit for bit."""
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    return (all(torch.equal(p, q) for p, q in zip(a.params, b.params)) and sa.keys() == sb.keys()
+            and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i]))
+
+
+# ----------------------------------------------------------------------------------------
+# (a) The script's update is train.py's update.
+
+@pytest.mark.parametrize("loss", list(LOSSES) + ["cw_grpo-authors"])
+def test_the_update_is_grpo_steps_bit_for_bit(flags, loss):
+    """From the same state and random state, the script's sample + one_update leaves the same
+    parameters and AdamW state as train.grpo_step (its rollout, reward, advantage, step 4 and
+    update()); and the record's ||Δθ|| is that step's."""
+    authors = ["--no-cw-detach", "--cw-normalise", "padded"]
+    name, options = (loss, []) if loss in LOSSES else ("cw_grpo", authors)
+    cfg = config(flags, "--loss", name, "--updates-per-batch", "1", *options)
+    ours, theirs = one_step.Point(cfg, CPU), one_step.Point(cfg, CPU)
+    start = [p.detach().clone() for p in theirs.params]
+    torch.manual_seed(7)
+    metrics, _ = train.grpo_step(theirs.policy, theirs.ref, theirs.tok, theirs.optimizer, theirs.scheduler,
+                                 problems(cfg), cfg, CPU, theirs.scaler)
+    assert 0 < metrics["reward"] < 1
+    torch.manual_seed(7)
+    batch, r, _, adv = one_step.sample(ours.policy, ours.tok, problems(cfg), cfg, CPU)
+    assert r.mean().item() == metrics["reward"]
+    (_, grad_norm, _), _, _ = one_step.one_update(ours, batch, adv, cfg)
+    assert grad_norm == metrics["grad_norm"]
+    assert equal_state(ours, theirs)
+    assert not all(torch.equal(p, s) for p, s in zip(theirs.params, start))          # it moved
+    # The lab's record of the same step, from the same start.
+    lab = one_step.Point(cfg, CPU)
+    torch.manual_seed(7)
+    batch, _, _, adv = one_step.sample(lab.policy, lab.tok, problems(cfg), cfg, CPU)
+    record, = one_step.arms_on_a_batch(lab, {"grpo": cfg}, batch, adv)
+    delta = [p.detach() - s for p, s in zip(theirs.params, start)]
+    assert record["update_norm"] == math.sqrt(one_step.dot(delta, delta))
+    assert record["grad_norm_pre_clip"] == grad_norm
+
+
+def test_the_trained_point_is_the_checkpoint_train_py_resumes_from(flags, tmp_path):
+    """The trained point loads ckpt/last.pt as --resume does: the weights, the AdamW state and the
+    random state the run would go on with; its next GRPO step is the run's next step."""
+    cfg = config(flags, "--updates-per-batch", "1")
+    run = tmp_path / "run"
+    assert train.main(flags + ["--updates-per-batch", "1", "--steps", "3", "--out", str(run),
+                               "--ckpt-every", "2", "--eval-n", "0", "--pass-n", "0"]) == 0
+    uninterrupted = torch.load(run / "ckpt" / "last.pt", weights_only=True)
+    assert train.main(flags + ["--updates-per-batch", "1", "--steps", "2", "--out", str(tmp_path / "two"),
+                               "--eval-n", "0", "--pass-n", "0"]) == 0
+    point = one_step.Point(cfg, CPU, tmp_path / "two")
+    assert point.step == 2 and len(point.optimizer.state) > 0
+    train.grpo_step(point.policy, point.ref, point.tok, point.optimizer, point.scheduler,
+                    train.batch_of_prompts(train.load_problems(cfg)[0], cfg, 3), cfg, CPU, point.scaler)
+    assert all(torch.equal(p, uninterrupted["model"][k]) for k, p in point.policy.state_dict().items())
+
+
+# ----------------------------------------------------------------------------------------
+# (b) Every arm starts from identical bytes.
+
+def test_every_arm_starts_from_the_same_bytes_whatever_ran_before(flags):
+    """A point one step into training (AdamW has state), then the arms in two orders: each arm's
+    record is the same in both, every arm's start hash is the point's, and the point is left as
+    found (parameters, optimizer, random state)."""
+    cfg = config(flags, "--updates-per-batch", "1")
+    point = one_step.Point(cfg, CPU)
+    train.grpo_step(point.policy, point.ref, point.tok, point.optimizer, point.scheduler, problems(cfg), cfg,
+                    CPU, point.scaler)
+    arms = {name: config(flags, "--loss", name) for name in LOSSES}
+    before, rng = point.fingerprint(), torch.get_rng_state()
+    batch, _, _, adv = one_step.sample(point.policy, point.tok, problems(cfg), cfg, CPU)
+    start = point.fingerprint()
+    orders = [["grpo", "tr_grpo", "cw_grpo", "tepo"], ["grpo", "tepo", "cw_grpo", "tr_grpo"]]
+    runs = [one_step.arms_on_a_batch(point, {n: arms[n] for n in order}, batch, adv) for order in orders]
+    assert point.fingerprint() == start
+    by_arm = [{r["arm"]: timeless(r) for r in records} for records in runs]
+    assert by_arm[0] == by_arm[1]
+    assert {r["start_sha"] for records in runs for r in records} == {start}
+    assert len({r["update_norm"] for r in runs[0]}) == 4                    # the arms do differ
+    # The hash sees a one-ulp change of a weight, of AdamW's state and of the random state.
+    snap = point.snapshot()
+    with torch.no_grad():
+        point.params[0].view(-1)[0] = torch.nextafter(point.params[0].view(-1)[0], torch.tensor(1.0))
+    assert point.fingerprint() != start
+    point.restore(snap)
+    second_moment = point.optimizer.state[point.params[1]]["exp_avg_sq"].view(-1)
+    second_moment[0] = torch.nextafter(second_moment[0], torch.tensor(1.0))
+    assert point.fingerprint() != start
+    point.restore(snap)
+    torch.rand(1)
+    assert point.fingerprint() != start
+    point.restore(snap)
+    assert point.fingerprint() == start and start != before                  # sampling drew random numbers
+    torch.set_rng_state(rng)
+
+
+# ----------------------------------------------------------------------------------------
+# (c) Each measurement on a case worked by hand.
+
+def test_kl_and_entropy_by_hand():
+    """p = (1/2, 1/2) -> q = (3/4, 1/4): KL(p||q) = 1/2 ln(1/2 / 3/4) + 1/2 ln(1/2 / 1/4) = 1/2 ln(4/3);
+    H(p) = ln 2, H(q) = -(3/4 ln 3/4 + 1/4 ln 1/4). A masked position counts for nothing."""
+    before = torch.tensor([[[0.5, 0.5], [0.9, 0.1]]]).log()
+    after = torch.tensor([[[0.75, 0.25], [0.1, 0.9]]]).log()
+    kl, h_before, h_after = one_step.token_kl_entropy(before, after)
+    mask = torch.tensor([[1.0, 0.0]])
+    assert one_step.token_mean(kl, mask) == pytest.approx(0.5 * math.log(4 / 3))
+    assert one_step.token_mean(h_before, mask) == pytest.approx(math.log(2))
+    assert one_step.token_mean(h_after - h_before, mask) == pytest.approx(
+        -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) - math.log(2))
+    assert one_step.token_kl_entropy(before, before)[0].abs().max() == 0
+    assert one_step.token_mean(kl, torch.zeros(1, 2)) is None
+
+
+def test_logp_change_by_the_sign_of_the_advantage_by_hand():
+    """Row 0 (A > 0) gains ln 2 on its first token and ln 4 on its second, row 1 (A < 0) loses
+    ln 2 on its one valid token, row 2 (A = 0) counts in neither."""
+    change = torch.tensor([[math.log(2), math.log(4)], [-math.log(2), 5.0], [9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    pos, neg = one_step.mean_by_sign(change, torch.tensor([1.0, -1.0, 0.0]), mask)
+    assert pos == pytest.approx(1.5 * math.log(2)) and neg == pytest.approx(-math.log(2))
+    assert one_step.mean_by_sign(change, torch.tensor([1.0, 1.0, 1.0]), mask)[1] is None
+
+
+def test_the_lab_reads_the_changes_of_the_sampled_tokens_on_the_tiny_model(flags):
+    """changes() on a model moved by one step: its KL and entropies are token_kl_entropy of the
+    two position_logprobs, and its log-prob change is that of score()'s log-probs."""
+    cfg = config(flags)
+    point = one_step.Point(cfg, CPU)
+    torch.manual_seed(3)
+    batch, _, _, adv = one_step.sample(point.policy, point.tok, problems(cfg), cfg, CPU)
+    before_logp = train.score_no_grad(point.policy, batch, cfg)[0]
+    before = one_step.position_logprobs(point.policy, batch, cfg)
+    one_step.one_update(point, batch, adv, cfg)
+    after_logp = train.score_no_grad(point.policy, batch, cfg)[0]
+    kl, h_before, h_after, change = one_step.changes(before, point.policy, batch, cfg)
+    after = one_step.position_logprobs(point.policy, batch, cfg)
+    mask = batch.mask
+    assert torch.allclose(change * mask, (after_logp - before_logp) * mask, atol=1e-5)
+    width = before[0].shape[1]
+    expected = one_step.token_kl_entropy(before[0], after[0])
+    for ours, theirs in zip((kl, h_before, h_after), expected):
+        assert torch.allclose(ours[:, :width], theirs)
+    assert one_step.token_mean(kl, mask) > 0
+
+
+def test_token_push_by_hand_and_against_autograd():
+    """p = (1/2, 1/4, 1/4), token 0, ∂L/∂logp = -2, T = 1/2: ‖onehot − p‖ = sqrt(1/4 + 1/16 + 1/16),
+    push = 2 · sqrt(3/8) / (1/2). And on random logits it is the norm of autograd's gradient on them."""
+    before = torch.tensor([[[0.5, 0.25, 0.25]]]).log()
+    distance = one_step.onehot_distance(before, torch.tensor([[0]]))
+    assert distance.item() == pytest.approx(math.sqrt(3 / 8))
+    push = one_step.token_push(torch.tensor([[-2.0]]), distance, 0.5)
+    assert push.item() == pytest.approx(2 * math.sqrt(3 / 8) / 0.5)
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, requires_grad=True)
+    tokens, T = torch.randint(0, 11, (3, 5)), 0.7
+    logp, _ = losses.token_logprobs(logits, tokens, T)
+    coef = torch.randn(3, 5)
+    (logp * coef).sum().backward()
+    before = torch.log_softmax(logits.detach() / T, dim=-1)
+    push = one_step.token_push(coef, one_step.onehot_distance(before, tokens), T)
+    assert torch.allclose(push, logits.grad.norm(dim=-1), atol=1e-6)
+
+
+def test_top_share_and_cosine_by_hand():
+    values = torch.arange(1.0, 201.0)[None]                    # 200 valid tokens: the top 1% is 2 of them
+    mask = torch.ones_like(values)
+    assert one_step.top_share(values, mask) == pytest.approx((200 + 199) / 20100)
+    values[0, 199], mask[0, 199] = 1e6, 0.0                     # a masked token counts for nothing
+    assert one_step.top_share(values, mask) == pytest.approx((199 + 198) / (20100 - 200))
+    assert one_step.top_share(torch.tensor([[3.0, 1.0]]), torch.ones(1, 2)) == pytest.approx(0.75)  # 1 token
+    assert one_step.top_share(torch.zeros(1, 2), torch.ones(1, 2)) is None
+    a, b = [torch.tensor([1.0, 0.0]), torch.tensor([2.0])], [torch.tensor([1.0, 1.0]), torch.tensor([0.0])]
+    assert one_step.cosine(a, b) == pytest.approx(1 / (math.sqrt(5) * math.sqrt(2)))     # (1,0,2)·(1,1,0)
+    assert one_step.cosine([torch.zeros(2)], [torch.ones(2)]) is None
+
+
+def test_gradient_and_update_readings_on_the_tiny_model_by_hand(flags):
+    """GRPO at the untouched model, its reference the model itself (the KL's gradient is 0 there):
+    ∂L/∂logp is -A_i / (|o_i| B) on every valid token (seq-mean-token-mean); the norm before the
+    clip is the unclipped gradient's, after it max_grad_norm, in the same direction; and AdamW's
+    first step moves each coordinate by lr · g / (|g| + eps): by lr wherever |g| >> eps."""
+    cfg = config(flags, "--max-grad-norm", "0.01")
+    point = one_step.Point(cfg, CPU)
+    torch.manual_seed(3)
+    batch, _, _, adv = one_step.sample(point.policy, point.tok, problems(cfg), cfg, CPU)
+    snap = point.snapshot()
+    unclipped = config(flags, "--max-grad-norm", "1e9")
+    (_, norm, _), grad, dlogp = one_step.one_update(point, batch, adv, unclipped)
+    point.restore(snap)
+    (_, clipped_norm, _), clipped, _ = one_step.one_update(point, batch, adv, cfg)
+    grad, clipped = one_step.flat(grad), one_step.flat(clipped)
+    assert clipped_norm == norm > 0.01 and clipped.norm().item() == pytest.approx(0.01, rel=1e-4)
+    assert one_step.cosine([grad], [clipped]) == pytest.approx(1.0, abs=1e-9)
+    B, lengths = batch.mask.shape[0], batch.mask.sum(1, keepdim=True)
+    assert torch.allclose(dlogp, -adv[:, None] * batch.mask / (lengths * B), atol=1e-7)
+    point.restore(snap)
+    record = one_step.arms_on_a_batch(point, {"grpo": cfg}, batch, adv)[0]
+    adam_first_step = cfg.lr * clipped / (clipped.abs() + 1e-8)     # m̂ = g, v̂ = g², eps = 1e-8
+    assert record["update_norm"] == pytest.approx(adam_first_step.norm().item(), rel=1e-4)
+    assert record["grad_norm_post_clip"] == pytest.approx(0.01, rel=1e-4)
+    assert record["grad_cos_grpo"] == pytest.approx(1.0, abs=1e-9)
+    assert record["kl"] > 0 and None not in (record["logp_change_pos"], record["logp_change_neg"])
+
+
+# ----------------------------------------------------------------------------------------
+# (d) Why the lab needs the optimizer in the loop.
+
+def scaled(loss_fn, factor):
+    @functools.wraps(loss_fn)                 # update() reads the default aggregation from the signature
+    def loss_times_factor(*args, **kwargs):
+        loss, info = loss_fn(*args, **kwargs)
+        return loss * factor, info
+    return loss_times_factor
+
+
+@pytest.mark.parametrize("factor", [10.0, 1000.0])
+def test_a_constant_factor_on_the_loss_leaves_adamws_first_step_unchanged(flags, monkeypatch, factor):
+    """AdamW's first step is -lr · m / (sqrt(v) + eps) with m = (1 - b1) g and v = (1 - b2) g², bias
+    corrected to g and g²: -lr · g / (|g| + eps), blind to a factor on the loss wherever |g| >> eps
+    (1e-8), up to rounding.
+    SGD's step grows with the factor; so does the gradient norm the logs show."""
+    cfg = config(flags, "--max-grad-norm", "1e9")
+    point = one_step.Point(cfg, CPU)
+    torch.manual_seed(3)
+    batch, _, _, adv = one_step.sample(point.policy, point.tok, problems(cfg), cfg, CPU)
+    snap, adamw, schedule = point.snapshot(), point.optimizer, point.scheduler
+    steps, norms, grads = {}, {}, {}
+    for scale, optimizer in ((1.0, "adamw"), (factor, "adamw"), (1.0, "sgd"), (factor, "sgd")):
+        point.optimizer, point.scheduler = adamw, schedule
+        point.restore(snap)
+        if optimizer == "sgd":
+            point.optimizer = torch.optim.SGD(point.params, lr=cfg.lr)
+            point.scheduler = torch.optim.lr_scheduler.LambdaLR(point.optimizer, lambda s: 1.0)
+        monkeypatch.setitem(LOSSES, "grpo", scaled(losses.grpo_loss, scale))
+        (_, norm, _), grad, _ = one_step.one_update(point, batch, adv, cfg)
+        norms[scale, optimizer], grads[scale, optimizer] = norm, one_step.flat(grad)
+        steps[scale, optimizer] = one_step.flat([p - s for p, s in zip(point.params, snap["params"])])
+    g, a, b = grads[1.0, "adamw"], steps[1.0, "adamw"], steps[factor, "adamw"]
+    for scale in (1.0, factor):                     # -lr · g / (|g| + eps), coordinate by coordinate
+        g_s = grads[scale, "adamw"]
+        assert torch.allclose(steps[scale, "adamw"], -cfg.lr * g_s / (g_s.abs() + 1e-8), rtol=1e-4, atol=1e-9)
+        assert torch.allclose(g_s, scale * g, rtol=1e-4, atol=1e-6 * scale * g.abs().max().item())
+    big = g.abs() > 1e-8 * 1e4                            # where eps is < 1e-4 of |g|: most coordinates
+    assert big.float().mean() > 0.5 and torch.allclose(a[big], b[big], rtol=2e-4, atol=0)
+    assert (a - b).norm() < 0.01 * a.norm()                       # and over all of them, to eps
+    assert norms[factor, "adamw"] == pytest.approx(factor * norms[1.0, "adamw"], rel=1e-4)
+    sgd_ratio = steps[factor, "sgd"].norm() / steps[1.0, "sgd"].norm()   # float32 weights round small steps
+    assert sgd_ratio.item() == pytest.approx(factor, rel=0.01)
+
+
+# ----------------------------------------------------------------------------------------
+# The script end to end.
+
+def test_the_lab_writes_a_line_per_point_batch_and_arm_and_goes_on_where_it_stopped(flags, tmp_path, capsys):
+    out = tmp_path / "lab"
+    argv = ["--preset", "tiny", "--batches", "2", "--arms", "losses", "grpo-beta0", "--train-steps", "2",
+            "--held-out", "4", "--out", str(out), "--", *flags[2:]]
+    assert one_step.main(argv) == 0
+    lines = [json.loads(line) for line in (out / "one_step.jsonl").read_text().splitlines()]
+    assert [(r["point"], r["batch"]) for r in lines][::5] == [("start", 0), ("start", 1), ("trained", 0),
+                                                               ("trained", 1)]
+    assert [r["arm"] for r in lines[:5]] == ["grpo", "tr_grpo", "cw_grpo", "tepo", "grpo-beta0"]
+    assert {r["step"] for r in lines if r["point"] == "trained"} == {2}
+    for r in lines:
+        assert r["kl"] >= 0 and 0 < r["push_top1pct_share"] <= 1 and r["held_out_kl"] >= 0
+        assert r["grad_norm_post_clip"] <= r["max_grad_norm"] * (1 + 1e-5)
+        assert r["grad_norm_post_clip"] == pytest.approx(min(r["grad_norm_pre_clip"], 1.0), rel=1e-4)
+    for key in {(r["point"], r["batch"]) for r in lines}:
+        same = [r for r in lines if (r["point"], r["batch"]) == key]
+        assert len({r["start_sha"] for r in same}) == 1 and len({r["reward"] for r in same}) == 1
+        assert same[0]["grad_cos_grpo"] == pytest.approx(1.0)
+        assert same[0]["update_cos_grpo"] == pytest.approx(1.0)
+    # Run again: the finished batches are kept, a half-written one is done again.
+    text = (out / "one_step.jsonl").read_text()
+    (out / "one_step.jsonl").write_text("".join(text.splitlines(keepends=True)[:-2]))
+    assert one_step.main(argv) == 0
+    again = [json.loads(line) for line in (out / "one_step.jsonl").read_text().splitlines()]
+    assert [timeless(r) for r in again] == [timeless(r) for r in lines]
+    with pytest.raises(SystemExit, match="other settings"):           # not on top of another lab's lines
+        one_step.main([a if a != "grpo-beta0" else "tepo-tokratio" for a in argv])
