@@ -1,4 +1,4 @@
-"""one_step.py — what one update does, arm by arm, on the same batch (issue 107).
+"""one_step.py — what one update does, arm by arm, on the same batch.
 
     python -m experiments.one_step --preset smol-active --batches 16 --out logs/one-step-smol-active
     python -m experiments.one_step --preset tiny --batches 2 --arms losses      # minutes: a look

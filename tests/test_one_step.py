@@ -329,3 +329,30 @@ def test_the_lab_writes_a_line_per_point_batch_and_arm_and_goes_on_where_it_stop
     assert [timeless(r) for r in again] == [timeless(r) for r in lines]
     with pytest.raises(SystemExit, match="other settings"):           # not on top of another lab's lines
         one_step.main([a if a != "grpo-beta0" else "tepo-tokratio" for a in argv])
+
+
+def test_the_report_pairs_each_arm_with_grpo_batch_by_batch(tmp_path):
+    """experiments/one_step_report.py by hand: three batches, TEPO against GRPO. ‖Δθ‖ differs by
+    0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.303, so ± 0.248: (−0.048 to +0.448), not
+    resolved. The KL differs by 0.02, 0.03, 0.04: ± 0.0248, (+0.0052 to +0.055), bold. A cosine is
+    the arm's own mean; a field no record has is a dash."""
+    from experiments import one_step_report as report
+    rows = []
+    for b in range(3):
+        rows.append(dict(point="start", batch=b, arm="grpo", update_norm=1.0, kl=0.01, update_cos_grpo=1.0))
+        rows.append(dict(point="start", batch=b, arm="tepo", update_norm=1.1 + 0.1 * b, kl=0.03 + 0.01 * b,
+                         update_cos_grpo=0.5))
+    (tmp_path / "one_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report.table(report.read_records(tmp_path))
+    header = "| arm − grpo | " + " | ".join(h for _, h, _ in report.METRICS) + " |"
+    row = text.split(header)[1].splitlines()[2]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    values = dict(zip([f for f, _, _ in report.METRICS], cells[1:]))
+    assert cells[0] == "tepo"
+    assert values["update_norm"] == "+0.200 (\u22120.048 to +0.448)"
+    assert values["kl"] == "**+0.030 (+5.2e\u221203 to +0.055)**"
+    assert values["update_cos_grpo"] == "0.500 (0.500 to 0.500)"
+    assert report.number(-3.4e-5, sign=True) == "\u22123.4e\u221205" and report.number(0.0123) == "0.012"
+    assert values["held_out_entropy_change"] == "–"
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "f")]) == 0
+    assert (tmp_path / "f" / "one_step.png").stat().st_size > 10_000
