@@ -1,21 +1,13 @@
 """plots.py — figures from the runs' plain JSONL logs (no training, works on partial logs).
 
     python plots.py runs/compare/*-s* --out runs/compare/figures --table
+    python plots.py RUN_DIR --html          # only the token viewer: OUT/pages/<run>.html
 
-writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png, summary.png (the four in
-one), token_weights.png (which tokens each loss trusts, on one stored group) and, with
---table, results.md: a table per loss over seeds, every run's final held-out accuracy, and
-every run's dynamics (first and last step, KL, the gradient norm's smoothness) and, for runs
-evaluated along the way, held-out accuracy at every evaluation and the entropy, the share cut
-off and the completion length around it.
-The gradient-norm panel goes to a log axis when one step is over 10x the median (a spike).
-
-    python plots.py RUN_DIR --html
-
-writes only the token viewer, OUT/pages/<run>.html: every stored group of the run in a browser,
-each token coloured by each loss's weight, its entropy, its probability or TEPO's KL mask.
-The tables are experiments/tables.py's, the page experiments/viewer.py's. The README's figures
-and tables come from the shipped logs: `make figures`.
+writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png and summary.png (the four in
+one): each seed thin, the mean over seeds bold with its 95% band (the gradient-norm panel on a
+log axis when one step is over 10x the median), and token_weights.png (which tokens each loss
+trusts, on one stored group). --table writes results.md (experiments/tables.py: means with
+intervals over seeds, each arm against GRPO); --html the token viewer (experiments/viewer.py).
 """
 import argparse
 import json
@@ -79,11 +71,19 @@ def read_run(run_dir):
     if not metrics.exists():
         raise SystemExit(f"error: {run_dir} has no metrics.jsonl (is it a run directory of train.py?)")
     cfg_path = run_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    except (ValueError, UnicodeDecodeError):
+        cfg = None
+    if not isinstance(cfg, dict):
+        raise SystemExit(f"error: {cfg_path} is not a JSON object (cut off or damaged); train.py wrote it")
     cfg = {RENAMED.get(k, k): v for k, v in cfg.items()}
     records = read_jsonl(metrics)
-    for r in records:     # a step fp16's gradient scaler skipped (gradients overflowed): no norm of a step
-        if "grad_norm" in r and not math.isfinite(r["grad_norm"]):
+    for r in records:
+        bad = [k for k in PANELS if k in r and (isinstance(r[k], bool) or not isinstance(r[k], (int, float)))]
+        if bad:
+            raise SystemExit(f"error: {metrics}, step {r['step']}: {', '.join(bad)} must be a number")
+        if "grad_norm" in r and not math.isfinite(r["grad_norm"]):   # a step fp16's scaler skipped
             del r["grad_norm"]
     return {"dir": run_dir, "loss": cfg.get("loss", run_dir.name), "seed": cfg.get("seed", "?"),
             "config": cfg, "train": [r for r in records if "loss" in r],

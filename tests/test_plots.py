@@ -381,3 +381,20 @@ def test_the_controls_are_told_apart_from_the_losses(tmp_path):
     assert bold["grpo β=0.04 (1 seed)"].get_linestyle() == "-"
     assert bold["tepo + full KL (1 seed)"].get_color() == plots.COLORS["tepo"]
     plt.close(fig)
+
+
+def test_a_damaged_config_or_a_metric_that_is_no_number_is_named_not_a_traceback(tmp_path):
+    """plots.read_run: a cut-off config.json, one that is not an object, and a grad_norm written as
+    text each stop with one sentence naming the file."""
+    run = make_run(tmp_path, "grpo", 0)
+    text = (run / "config.json").read_text()
+    for damaged in (text[: len(text) // 2], "[1, 2]"):
+        (run / "config.json").write_text(damaged)
+        with pytest.raises(SystemExit, match="config.json is not a JSON object"):
+            plots.read_run(run)
+    (run / "config.json").write_text(text)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[2] = lines[2].replace('"grad_norm": ', '"grad_norm": "x" , "was": ', 1)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit, match="grad_norm must be a number"):
+        plots.read_run(run)
