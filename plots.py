@@ -80,9 +80,9 @@ def read_run(run_dir):
     cfg = {RENAMED.get(k, k): v for k, v in cfg.items()}
     records = read_jsonl(metrics)
     for r in records:
-        bad = [k for k in PANELS if k in r and (isinstance(r[k], bool) or not isinstance(r[k], (int, float)))]
-        if bad:
-            raise SystemExit(f"error: {metrics}, step {r['step']}: {', '.join(bad)} must be a number")
+        for k in PANELS:
+            if k in r and (isinstance(r[k], bool) or not isinstance(r[k], (int, float))):
+                raise SystemExit(f"error: {metrics}, step {r['step']}: '{k}' is {r[k]!r:.40}, not a number")
         if "grad_norm" in r and not math.isfinite(r["grad_norm"]):   # a step fp16's scaler skipped
             del r["grad_norm"]
     return {"dir": run_dir, "loss": cfg.get("loss", run_dir.name), "seed": cfg.get("seed", "?"),

@@ -396,5 +396,5 @@ def test_a_damaged_config_or_a_metric_that_is_no_number_is_named_not_a_traceback
     lines = (run / "metrics.jsonl").read_text().splitlines()
     lines[2] = lines[2].replace('"grad_norm": ', '"grad_norm": "x" , "was": ', 1)
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(SystemExit, match="grad_norm must be a number"):
+    with pytest.raises(SystemExit, match="'grad_norm' is 'x', not a number"):
         plots.read_run(run)
