@@ -230,11 +230,23 @@ def comparison_table(runs, last=5):
             + note + "\n")
 
 
+def machines(runs):
+    """Which CPUs (or GPUs) the runs ran on, from the machine record config.json keeps (older runs
+    have none): 'AMD EPYC (AVX512, 2 cores): 10 runs; not recorded: 12 runs'."""
+    seen = {}
+    for r in runs:
+        record = (r["config"].get("machine") or [None])[-1]
+        name = ("not recorded" if not record else record["gpu"] or
+                f"{record['cpu']} ({record['cpu_capability']}, {record['cores']} cores)")
+        seen[name] = seen.get(name, 0) + 1
+    return "; ".join(f"{name}: {n} run{'s' * (n > 1)}" for name, n in seen.items())
+
+
 def results_tables(runs):
     """The text of results.md: the summary per loss, every run's final accuracy, every run's
     dynamics, and (runs evaluated along the way) the table at each evaluation."""
     comparisons = comparison_table(runs)
-    table = (summary_table(runs)
+    table = (summary_table(runs) + f"\nMachines: {machines(runs)}.\n"
              + ("\nEach arm against GRPO, and each control against its loss:\n\n" + comparisons
                 if comparisons else "")
              + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"

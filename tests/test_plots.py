@@ -398,3 +398,13 @@ def test_a_damaged_config_or_a_metric_that_is_no_number_is_named_not_a_traceback
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(SystemExit, match="'grad_norm' is 'x', not a number"):
         plots.read_run(run)
+
+
+def test_the_tables_say_which_machines_the_runs_ran_on(tmp_path):
+    """config.json's machine record (the last entry: where the run ended), counted per machine;
+    runs from before the record say so."""
+    runs = [plots.read_run(make_run(tmp_path, "grpo", s)) for s in (0, 1, 2)]
+    record = dict(cpu="AMD EPYC", cpu_capability="AVX512", cores=2, torch="2.13.0", gpu=None, from_step=0)
+    runs[0]["config"]["machine"] = [record]
+    runs[1]["config"]["machine"] = [dict(record, cpu_capability="AVX2"), record]    # resumed elsewhere
+    assert tables.machines(runs) == "AMD EPYC (AVX512, 2 cores): 2 runs; not recorded: 1 run"
