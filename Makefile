@@ -56,6 +56,8 @@ demo-tiny: setup
 # preset, where the KL term, the ratio and the clip act (docs/figures/active); logs/compare-smol-long:
 # the smol-long preset, 200 steps on a GPU (docs/figures/long). The token viewer (--html): a page
 # per loss for seed 0 of each setting, in pages/ under its figures (seed 0 only: 160-390 KB a page).
+# logs/one-step-smol-active: the one-step lab, every arm's single update on the same 16 batches at two
+# points of training (docs/figures/one-step).
 figures: setup
 	$(PYTHON) plots.py logs/compare-smol/*-s*/ --out docs/figures --table
 	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ --out docs/figures/active --table
@@ -63,6 +65,7 @@ figures: setup
 	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ logs/compare-smol-active-controls/*-s*/ \
 	    --out docs/figures/controls --table
 	$(PYTHON) plots.py logs/compare-tiny/*-s*/ --out docs/figures/tiny --table
+	$(PYTHON) -m experiments.one_step_report logs/one-step-smol-active --out docs/figures/one-step > /dev/null
 	$(PYTHON) plots.py logs/compare-smol/*-s0/ --out docs/figures --html
 	$(PYTHON) plots.py logs/compare-smol-active/*-s0/ --out docs/figures/active --html
 	$(PYTHON) plots.py logs/compare-smol-long/*-s0/ --out docs/figures/long --html

@@ -465,7 +465,7 @@ def main(argv=None):
                    f"at T = {cfg.temperature:g} on {extra['eval_pass_n']}" if extra else ""))
 
     with checkpoints.ctrl_c_stops_after_the_step() as stop:
-        if start == 0:
+        if start == 0 and held_out:                  # --eval-n 0: nothing to evaluate, nothing logged
             held_out_accuracy(0)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"{cfg.loss}", initial=start, total=cfg.steps)
         for step in bar:
@@ -486,7 +486,7 @@ def main(argv=None):
                 best = max(range(len(sample["rewards"])), key=lambda k: sample["rewards"][k])
                 tqdm.write(f"--- step {step} sample (reward {sample['rewards'][best]:.1f}) ---\n"
                            f"{sample['prompt']}{sample['completions'][best]}")
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            if held_out and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
                 held_out_accuracy(step)
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop["requested"]:
                 checkpoints.save_checkpoint(run, policy, optimizer, scheduler, scaler, step, cfg,

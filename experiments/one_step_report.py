@@ -8,6 +8,13 @@ from the same bytes, so for each batch the arm's number minus GRPO's is one pair
 and the table gives their mean with a 95% Student t interval over the K batches. Batches are
 independent draws from one policy; the interval says how surely the *mechanism* acts at this
 point of training, not how a whole run would end (that is what the seeds of compare.py are for).
+A second table pairs each control and reading with the loss it varies (tepo-fullkl with TEPO, ...).
+
+Some arms are the same computation as another at a point, and the table says so instead of printing
+noise: at the untouched model π = π_ref, so the KL term and its gradient are 0 (grpo-beta0 is GRPO,
+tepo-fullkl is TEPO), and a first update on policy gives the sequence ratio and the token ratios
+the value 1 and the same gradient (tepo-tokratio is TEPO). "0 (identical)": every paired
+difference is exactly 0; "0 (to rounding)": none exceeds ROUNDING of the reference's value.
 """
 import argparse
 import json
@@ -15,6 +22,12 @@ import sys
 from pathlib import Path
 
 from experiments import stats
+from experiments.compare import ARMS
+
+# float32 carries about 7 significant digits, so two computations that are equal in exact arithmetic
+# differ by up to ~1e-7 of their value after a step's sums (seen: 6e-8 on ‖Δθ‖); a paired difference
+# no larger than this share of the reference's value is rounding, not an effect
+ROUNDING = 1e-6
 
 # (field, header, how to read it): a difference against GRPO, or the arm's own value for a cosine
 METRICS = [("grad_norm_pre_clip", "grad norm before clipping", "diff"),
@@ -35,11 +48,17 @@ def read_records(run):
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def paired(records, point, arm, field):
-    """[(arm's value, GRPO's value)] over the batches where both logged ``field`` at ``point``."""
+def paired(records, point, arm, field, reference="grpo"):
+    """[(arm's value, the reference's value)] over the batches where both logged ``field`` at ``point``."""
     by = {(r["batch"], r["arm"]): r.get(field) for r in records if r["point"] == point}
-    return [(by[b, arm], by[b, "grpo"]) for b, a in sorted(by) if a == arm
-            and by.get((b, "grpo")) is not None and by[b, arm] is not None]
+    return [(by[b, arm], by[b, reference]) for b, a in sorted(by) if a == arm
+            and by.get((b, reference)) is not None and by[b, arm] is not None]
+
+
+def reference_of(arm):
+    """The loss a control or reading varies (compare.ARMS), GRPO for a loss."""
+    loss = ARMS[arm][0] if arm in ARMS else "grpo"
+    return loss if loss != arm else "grpo"
 
 
 def number(x, sign=False):
@@ -60,12 +79,17 @@ def mean_and_interval(values, sign=False):
 
 def cell(pairs, kind):
     """'+0.012 (+0.004 to +0.020)' for a mean paired difference and its interval over batches
-    (bold where it excludes 0); for a cosine, the arm's own mean and interval. '–' without data."""
+    (bold where it excludes 0; '0 (identical)' or '0 (to rounding)', module docstring); for a
+    cosine, the arm's own mean and interval. '–' without data."""
     if not pairs:
         return "–"
     if kind == "value":
         return mean_and_interval([a for a, _ in pairs])
     differences = [a - b for a, b in pairs]
+    if all(d == 0 for d in differences):
+        return "0 (identical)"
+    if max(abs(d) for d in differences) <= ROUNDING * max(abs(b) for _, b in pairs):
+        return "0 (to rounding)"
     m = stats.mean_ci(differences)
     text = mean_and_interval(differences, sign=True)
     return f"**{text}**" if m.lo is not None and (m.lo > 0 or m.hi < 0) else text
@@ -90,43 +114,56 @@ def table(records):
                 "|---|" + "---|" * len(METRICS)]
         out += [f"| {arm} | " + " | ".join(cell(paired(records, point, arm, f), kind)
                                           for f, _, kind in METRICS) + " |" for arm in arms if arm != "grpo"]
+        varied = [arm for arm in arms if reference_of(arm) not in ("grpo", arm) and reference_of(arm) in arms]
+        if varied:
+            out += ["", "Each control or reading against the loss it varies, on the same batches (arm − that "
+                    "loss; a cosine is still with GRPO's step):", "",
+                    "| arm − its loss | " + " | ".join(h for _, h, _ in METRICS) + " |",
+                    "|---|" + "---|" * len(METRICS)]
+            out += [f"| {arm} − {reference_of(arm)} | " + " | ".join(
+                cell(paired(records, point, arm, f, reference_of(arm)), kind) for f, _, kind in METRICS)
+                + " |" for arm in varied]
         out.append("")
     return "\n".join(out)
 
 
 def figure(records, path):
-    """One panel per question a learner asks of an update: how large was the step (‖Δθ‖; AdamW
-    makes it nearly the same for every arm), where did it point (its cosine with GRPO's), and, paired
-    with GRPO on the same batch, how much further the policy moved (KL) and what it did to the
-    entropy where exploration happens (held out). Each arm: the mean over batches with a 95%
-    interval, a row per arm, a colour per point of training."""
+    """One panel per question a learner asks of an update, each arm paired with GRPO on the same
+    batch: how much larger was its gradient (the norm before clipping, ÷ GRPO's), and how much larger
+    its step (‖Δθ‖ ÷ GRPO's, on the same axis: clipping and AdamW make it ~1 for every arm); where did
+    the step point (its cosine with GRPO's); how much further did the policy move (KL, arm − GRPO) and
+    what did the step do to the entropy where exploration happens (held out, arm − GRPO). Each arm: the
+    mean over batches with a 95% interval, a row per arm, a colour per point of training."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("update_norm", "‖Δθ‖ of the step", False),
-              ("update_cos_grpo", "cosine of the step with GRPO's", False),
-              ("kl", "KL(before ‖ after), arm − GRPO", True),
-              ("held_out_entropy_change", "entropy change held out, arm − GRPO", True)]
+    panels = [("grad_norm_pre_clip", "gradient norm before clipping\n÷ GRPO's", "ratio"),
+              ("update_norm", "‖Δθ‖ of the step\n÷ GRPO's", "ratio"),
+              ("update_cos_grpo", "cosine of the step\nwith GRPO's", "value"),
+              ("kl", "KL(before ‖ after)\narm − GRPO", "diff"),
+              ("held_out_entropy_change", "entropy change, held out\narm − GRPO", "diff")]
     points = list(dict.fromkeys(r["point"] for r in records))
     arms = list(dict.fromkeys(r["arm"] for r in records))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 0.38 * len(arms) + 1.8),
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 0.38 * len(arms) + 2.0),
                              dpi=110, sharey=True)
-    for ax, (field, title, against_grpo) in zip(axes, panels):
+    for ax, (field, title, mode) in zip(axes, panels):
         for k, point in enumerate(points):
             for i, arm in enumerate(arms):
                 pairs = paired(records, point, arm, field)
-                values = [a - b for a, b in pairs] if against_grpo else [a for a, _ in pairs]
-                if not values or (against_grpo and arm == "grpo"):
+                values = {"ratio": [a / b for a, b in pairs if b], "diff": [a - b for a, b in pairs],
+                          "value": [a for a, _ in pairs]}[mode]
+                if not values or (mode == "diff" and arm == "grpo"):
                     continue
                 m = stats.mean_ci(values)
                 err = [[m.value - m.lo], [m.hi - m.value]] if m.lo is not None else None
                 ax.errorbar(m.value, i + 0.2 * (k - (len(points) - 1) / 2), xerr=err, fmt="o", markersize=4,
                             capsize=2, color=f"C{k}", label=point if i == 1 else None)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9.5)
         ax.grid(alpha=0.3)
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(-2, 3))
-        if against_grpo:
-            ax.axvline(0, color="gray", linewidth=0.8)
+        if mode == "diff":
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(-2, 3))
+        ax.axvline({"ratio": 1, "diff": 0, "value": 1}[mode], color="gray", linewidth=0.8)
+    axes[1].set_xlim(axes[0].get_xlim())           # the step on the gradient's scale: flat at 1
     axes[0].set_yticks(range(len(arms)), arms)
     axes[0].invert_yaxis()
     axes[0].legend(fontsize=8, frameon=False, title="point of training", title_fontsize=8)

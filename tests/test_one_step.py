@@ -4,6 +4,7 @@ motivates the lab (AdamW's first step does not see a constant factor on the loss
 import functools
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -356,3 +357,64 @@ def test_the_report_pairs_each_arm_with_grpo_batch_by_batch(tmp_path):
     assert values["held_out_entropy_change"] == "–"
     assert report.main([str(tmp_path), "--out", str(tmp_path / "f")]) == 0
     assert (tmp_path / "f" / "one_step.png").stat().st_size > 10_000
+
+
+def test_the_report_says_identical_or_rounding_and_pairs_a_control_with_its_loss(tmp_path):
+    """Arms equal to another at a point read '0 (identical)' (every difference exactly 0) or '0 (to
+    rounding)' (none above ROUNDING of the reference's value: float32 noise is not an effect), never a
+    bold 'resolved' 1e-8. A control is also paired with the loss it varies: tepo-fullkl's KL is
+    0.054 above GRPO's (±4.303·0.001/√3) but 0.013 above TEPO's (its own loss), by hand."""
+    from experiments import one_step_report as report
+    rows = []
+    for b in range(3):
+        rows += [dict(point="start", batch=b, arm="grpo", update_norm=0.311, kl=0.01),
+                 dict(point="start", batch=b, arm="tepo", update_norm=0.311, kl=0.05 + 0.001 * b),
+                 dict(point="start", batch=b, arm="tepo-fullkl", update_norm=0.311 * (1 + 1e-7 * (b - 1)),
+                      kl=0.063 + 0.001 * b)]
+    (tmp_path / "one_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report.table(report.read_records(tmp_path))
+    fields = [f for f, _, _ in report.METRICS]
+
+    def row(name):
+        line = next(l for l in text.splitlines() if l.startswith(f"| {name} |"))
+        return dict(zip(fields, [c.strip() for c in line.strip("|").split("|")][1:]))
+    assert row("tepo")["update_norm"] == "0 (identical)"
+    assert row("tepo-fullkl")["update_norm"] == "0 (to rounding)"
+    assert row("tepo-fullkl")["kl"] == "**+0.054 (+0.052 to +0.056)**"
+    assert row("tepo-fullkl − tepo")["kl"] == "**+0.013 (+0.013 to +0.013)**"
+    assert row("tepo-fullkl − tepo")["update_norm"] == "0 (to rounding)"
+    assert "| tepo − grpo |" not in text and report.reference_of("tepo") == "grpo"
+    assert report.reference_of("tr_grpo-inclip") == "tr_grpo" and report.reference_of("grpo-beta0") == "grpo"
+
+
+SHIPPED = Path(__file__).resolve().parents[1]      # the repo
+
+
+def test_the_shipped_lab_is_whole_and_its_figures_are_what_make_figures_draws():
+    """logs/one-step-smol-active: K = 16 batches at both points, every arm on every batch, all arms of a
+    batch from the same bytes; docs/figures/one-step/results.md is the report of these logs now. And
+    the identities the lab must show: at the untouched model π = π_ref, so the KL term is 0 and
+    grpo-beta0 is GRPO; a first update is on policy, so the token ratio is the sequence ratio
+    (tepo-tokratio is TEPO at both points); AdamW + clipping: every arm's ‖Δθ‖ within 2% of GRPO's
+    on every batch."""
+    from experiments import one_step_report as report
+    lab = SHIPPED / "logs" / "one-step-smol-active"
+    if not (lab / "one_step.jsonl").exists():
+        pytest.skip("no shipped lab logs")
+    records = report.read_records(lab)
+    arms = json.loads((lab / "config.json").read_text())["arms"]
+    assert len(arms) == 10
+    for point in ("start", "trained"):
+        for b in range(16):
+            batch = [r for r in records if r["point"] == point and r["batch"] == b]
+            assert sorted(r["arm"] for r in batch) == sorted(arms), (point, b)
+            assert len({r["start_sha"] for r in batch}) == 1
+    assert (SHIPPED / "docs" / "figures" / "one-step" / "results.md").read_text() == report.table(records)
+    for field in ("update_norm", "grad_norm_pre_clip", "grad_norm_post_clip"):
+        assert report.cell(report.paired(records, "start", "grpo-beta0", field), "diff").startswith("0 (")
+        for point in ("start", "trained"):
+            same = report.paired(records, point, "tepo-tokratio", field, "tepo")
+            assert report.cell(same, "diff").startswith("0 (")
+    steps = [a / b for point in ("start", "trained") for arm in arms
+             for a, b in report.paired(records, point, arm, "update_norm")]
+    assert max(abs(s - 1) for s in steps) < 0.02

@@ -52,6 +52,14 @@ def run(args, warm):
 # ----------------------------------------------------------------------------------------
 # End to end
 
+def test_eval_n_0_logs_no_accuracy_of_nothing(tmp_path, warm):
+    """--eval-n 0 evaluates nothing: no eval line (0.0 accuracy on 0 problems would read as a number)."""
+    out = tmp_path / "run"
+    assert run(["--out", str(out), "--steps", "1", "--eval-n", "0", "--pass-n", "0"], warm) == 0
+    lines = read(out / "metrics.jsonl")
+    assert [l["step"] for l in lines] == [1] and not any("eval_accuracy" in l for l in lines)
+
+
 def test_tiny_run_end_to_end(tmp_path, warm):
     out = tmp_path / "run"
     assert run(["--out", str(out), "--steps", "4", "--loss", "cw_grpo"], warm) == 0
