@@ -418,3 +418,40 @@ def test_the_shipped_lab_is_whole_and_its_figures_are_what_make_figures_draws():
     steps = [a / b for point in ("start", "trained") for arm in arms
              for a, b in report.paired(records, point, arm, "update_norm")]
     assert max(abs(s - 1) for s in steps) < 0.02
+
+
+def test_the_results_page_quotes_the_lab_as_it_is():
+    """docs/results.md's one-step section: every number in it is a cell of the tables make figures
+    writes from the shipped lab, or one derived here from the same logs (GRPO's updates above
+    max_grad_norm, the share of all arms', n = (‖Δθ‖ / lr)², the range of gradient ratios, the
+    lab's time in its console log), or a setting (β, the clip, lr, hours, steps, float32, H200)."""
+    import re
+    from experiments import one_step_report as report
+    lab = SHIPPED / "logs" / "one-step-smol-active"
+    if not (lab / "one_step.jsonl").exists():
+        pytest.skip("no shipped lab logs")
+    records = report.read_records(lab)
+    text = (SHIPPED / "docs" / "results.md").read_text(encoding="utf-8")
+    section = text[text.index("## What one update does"):text.index("## Over 200 steps on one GPU")]
+    section = re.sub(r"(?m)^\|.*\n", "", section)       # the embedded table: test_docs checks it whole
+    number = r"[+−]?\d+(?:\.\d+)?(?:e[−+]\d+)?"
+    written = set(re.findall(number, (SHIPPED / "docs" / "figures" / "one-step" / "results.md").read_text()))
+    grpo = {p: [r for r in records if r["point"] == p and r["arm"] == "grpo"] for p in ("start", "trained")}
+    over = {p: [r["grad_norm_pre_clip"] > r["max_grad_norm"] for r in records if r["point"] == p]
+            for p in ("start", "trained")}
+    by = {(r["point"], r["batch"], r["arm"]): r for r in records}
+    ratios = [r["grad_norm_pre_clip"] / by[p, b, "grpo"]["grad_norm_pre_clip"] for (p, b, _), r in by.items()]
+    n = sum((r["update_norm"] / r["lr"]) ** 2 for r in grpo["start"]) / len(grpo["start"])
+    seconds = re.search(r"one_step.jsonl  \[(\d+)s\]", (lab / "console.txt").read_text()).group(1)
+    derived = {str(sum(r["grad_norm_pre_clip"] > 1 for r in grpo["start"])),           # 14 of 16
+               f"{100 * sum(over['start']) / len(over['start']):.0f}",
+               f"{100 * sum(over['trained']) / len(over['trained']):.0f}",
+               f"{min(ratios):.2f}", f"{max(ratios):.2f}", f"{n / 1e8:.2f}", seconds}
+    settings = {"0.04", "1.0", "1.4", "2", "3", "5", "7", "8", "10", "32", "200"}
+    quoted = set(re.findall(number, section))
+    assert {"14", "80", "100", "0.36", "4.25", "1.08", "473"} <= quoted & derived
+    assert not quoted - written - derived - settings, quoted - written - derived - settings
+    readme = (SHIPPED / "README.md").read_text(encoding="utf-8")
+    paragraph = readme[readme.index("**One update, paired**"):].split("\n\n")[0]
+    assert set(re.findall(number, paragraph)) == {"0.36", "4.25", "2", "16", "1", "8"}
+    assert {"0.36", "4.25"} <= derived
