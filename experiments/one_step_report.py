@@ -148,6 +148,7 @@ def figure(records, path):
                              dpi=110, sharey=True)
     for ax, (field, title, mode) in zip(axes, panels):
         for k, point in enumerate(points):
+            labelled = False                           # one legend entry per point of training
             for i, arm in enumerate(arms):
                 pairs = paired(records, point, arm, field)
                 values = {"ratio": [a / b for a, b in pairs if b], "diff": [a - b for a, b in pairs],
@@ -157,7 +158,8 @@ def figure(records, path):
                 m = stats.mean_ci(values)
                 err = [[m.value - m.lo], [m.hi - m.value]] if m.lo is not None else None
                 ax.errorbar(m.value, i + 0.2 * (k - (len(points) - 1) / 2), xerr=err, fmt="o", markersize=4,
-                            capsize=2, color=f"C{k}", label=point if i == 1 else None)
+                            capsize=2, color=f"C{k}", label=None if labelled else point)
+                labelled = True
         ax.set_title(title, fontsize=9.5)
         ax.grid(alpha=0.3)
         if mode == "diff":
@@ -166,7 +168,9 @@ def figure(records, path):
     axes[1].set_xlim(axes[0].get_xlim())           # the step on the gradient's scale: flat at 1
     axes[0].set_yticks(range(len(arms)), arms)
     axes[0].invert_yaxis()
-    axes[0].legend(fontsize=8, frameon=False, title="point of training", title_fontsize=8)
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
+    axes[0].legend(handles.values(), handles.keys(), fontsize=8, frameon=False, title="point of training",
+                   title_fontsize=8)
     fig.suptitle("One update, arm by arm, on the same batches (mean over batches, 95% interval)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
