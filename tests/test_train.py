@@ -700,6 +700,24 @@ def test_tepo_parts_runs_train_with_the_swapped_loss_and_restores_tepo(warm, tmp
         assert "--swap" in capsys.readouterr().err
 
 
+def test_pass_at_k_cost_times_the_parts_and_adds_them_up(warm, capsys):
+    import re
+    import experiments.benchmarks.pass_at_k_cost as bench
+    assert bench.main(FAST + ["--init", warm, "--steps", "10", "--pass-n", "4", "--pass-k", "2",
+                              "--timed-steps", "2", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    number = r"([0-9.]+)"
+    t_eval = float(re.search(rf"held-out evaluation, 40 problems greedy: {number} s", out)[1])
+    t_pass = float(re.search(rf"pass@2, 4 problems x 2 samples: {number} s", out)[1])
+    t_step = float(re.search(rf"training step: [0-9.]+, [0-9.]+ s \(mean {number} s\)", out)[1])
+    rest, added, share = map(float, re.search(rf"a 10-step run: {number} s without pass@k; the two "
+                                              rf"pass@k add {number} s, {number}%", out).groups())
+    assert abs(rest - (2 * t_eval + 10 * t_step)) <= 1 + 12 * 0.05       # the parts, rounded
+    assert abs(added - 2 * t_pass) <= 1 + 0.1 and abs(share - 100 * added / rest) <= 1 + 100 * 2 / rest
+    with pytest.raises(SystemExit, match="add --pass-n N"):              # nothing to time: said, not 0%
+        bench.main(FAST + ["--init", warm])
+
+
 def test_evaluate_counts_right_answers_and_strictly_right_ones(monkeypatch):
     texts = ["5 + 0 = 5\n#### 5", "The answer is 5.", "#### 4", "2 + 3 = 5"]     # strict, right, wrong, right
     problems = [{"question": f"q{i}", "answer": "... #### 5"} for i in range(4)]
