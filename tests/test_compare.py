@@ -5,6 +5,7 @@ minute; what it checks is the plumbing a long comparison depends on. Finished ru
 skipped when it runs again (checked without a model, on hand-written logs)."""
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -193,6 +194,36 @@ def test_the_shipped_long_runs_are_whole_and_comparable():
             assert sum(r["kl_mask_frac"] for r in run["train"]) > 0
         shared.append({k: v for k, v in cfg.items() if k not in own})
     assert all(c == shared[0] for c in shared)
+
+
+def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
+    """logs/evidence-smol-active (added as they finish): each run is an arm of compare.ARMS at
+    smol-active with exactly that arm's flags, its seed and one thread, nothing else changed; it
+    reached step 15 with pass@8 at the first and the last evaluation, and names its machine. The
+    commit they all ran from is in CODE_STATE, and logs/README.md lists exactly the runs there."""
+    folder = REPO / "logs" / "evidence-smol-active"
+    runs = [plots.read_run(p) for p in sorted(folder.glob("*-s*"))]
+    if not runs:
+        pytest.skip("no evidence runs shipped yet")
+    commit = (folder / "CODE_STATE").read_text().split()[0]
+    assert len(commit) >= 7 and all(c in "0123456789abcdef" for c in commit)
+    names = []
+    for run in runs:
+        cfg, name = run["config"], run["dir"].name
+        arm, seed = name.rsplit("-s", 1)
+        loss, flags = compare.ARMS[arm]
+        flags = [f.format(beta=train.PRESETS["smol-active"]["beta"]) for f in flags]
+        expected = vars(train.parse_config(["--preset", "smol-active", "--loss", loss, *flags, "--seed", seed,
+                                            "--threads", "1", "--out", f"logs/evidence-smol-active/{name}"]))
+        assert {k: cfg.get(k, v) for k, v in expected.items() if k != "resume"} == \
+            {k: v for k, v in expected.items() if k != "resume"}, name
+        assert [r["step"] for r in run["train"]] == list(range(1, 16)), name
+        assert [(r["step"], r["eval_n"], r["eval_pass_k"], r["eval_pass_n"]) for r in run["eval"]] == \
+            [(0, 200, 8, 32), (15, 200, 8, 32)], name
+        assert cfg["machine"] and all(m["cpu"] and m["torch"] for m in cfg["machine"]), name
+        names.append(name)
+    so_far = re.search(r"So far: (.*?)\.\n", (REPO / "logs" / "README.md").read_text(), re.S)[1]
+    assert sorted(re.findall(r"`([^`]+)`", so_far)) == sorted(names)
 
 
 def test_controls_run_each_control_with_its_flags_and_the_presets_beta(tmp_path, monkeypatch, capsys):
