@@ -28,7 +28,8 @@ from engine.models import grad_scaler, load_model, make_optimizer, pick_device, 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="what pass@k adds to a run; other flags go to train.py")
-    parser.add_argument("--timed-steps", type=int, default=2, help="training steps to time (their mean is used)")
+    parser.add_argument("--timed-steps", type=int, default=2,
+                        help="training steps to time (their mean is used)")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.timed_steps < 1:
         parser.error("--timed-steps must be at least 1")
