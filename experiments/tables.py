@@ -35,21 +35,76 @@ def summary_table(runs, last=5):
                 if r["train"] and key in r["train"][0] and not masks_nothing(r, key)]
 
     columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
-    rows = ["| loss | seeds | held-out acc. | strict acc. | " + " | ".join(c[0] for c in columns) + " |",
-            "|" + "---|" * (4 + len(columns))]
+    k = pass_k(runs)
+    sampled = [("pass@1 at the end", "eval_pass_at_1"), (f"pass@{k} at the end", "eval_pass_at_k")] if k else []
+    rows = ["| loss | seeds | held-out acc. | strict acc. | "
+            + " | ".join([h for h, _ in sampled] + [c[0] for c in columns]) + " |",
+            "|" + "---|" * (4 + len(sampled) + len(columns))]
     for loss, group in by_loss(runs):
         ends = [r["eval"][-1] for r in group if len(r["eval"]) > 1]
         rows.append(f"| {loss} | {len(group)} | {spread([e['eval_accuracy'] for e in ends])} "
                     f"| {spread([e['eval_strict'] for e in ends if 'eval_strict' in e])} | "
+                    + "".join(spread([e[key] for e in ends if key in e]) + " | " for _, key in sampled)
                     + " | ".join(spread(per_run(group, key, f)) for _, key, f in columns) + " |")
     starts = sorted({(r["eval"][0]["eval_accuracy"], r["eval"][0].get("eval_strict"))
                      for r in runs if r["eval"]}, key=str)
     start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
+    if k:      # sampled, so it differs from seed to seed even at step 0: a mean over all runs
+        at_0 = lambda key: spread([r["eval"][0][key] for r in runs if r["eval"] and key in r["eval"][0]])
+        start += (f"; pass@1 {at_0('eval_pass_at_1')} and pass@{k} {at_0('eval_pass_at_k')} (the mean over all "
+                  f"runs: sampled, so they differ from seed to seed). pass@1 and pass@{k}: at the sampling "
+                  f"temperature, {k} answers to each of the first {pass_n(runs)} held-out problems")
     return ("\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
             + "\nMean over seeds, and in brackets its 95% interval over seeds (Student t, n − 1 degrees of "
-            "freedom; one digit fewer): a run is one sample, never a step. With 3 seeds the interval is 4.30 "
-            "standard errors wide each way and can reach past what the number can take (below 0, above 1). "
-            "One seed: the mean alone.\n")
+            "freedom; one digit fewer): a run is one sample, never a step. " + t_note(runs)
+            + "One seed: the mean alone.\n")
+
+
+def pass_k(runs):
+    """The k of pass@k the runs' evaluations logged (None where none did; an error for two)."""
+    ks = {e["eval_pass_k"] for r in runs for e in r["eval"] if "eval_pass_k" in e}
+    if len(ks) > 1:
+        raise SystemExit(f"error: these runs logged pass@k with different k ({sorted(ks)}): table them apart")
+    return next(iter(ks), None)
+
+
+def pass_n(runs):
+    """How many held-out problems pass@k was measured on ('32', or '16 to 32' where runs differ)."""
+    ns = sorted({e["eval_pass_n"] for r in runs for e in r["eval"] if "eval_pass_n" in e})
+    return str(ns[0]) if len(ns) == 1 else f"{ns[0]} to {ns[-1]}"
+
+
+def seed_counts(runs):
+    """The distinct numbers of seeds the arms have, ascending ([3], or [1, 2, 3] mid-way)."""
+    return sorted({len(group) for _, group in by_loss(runs)})
+
+
+def t_note(runs):
+    """What the summary's interval means at the seed counts present: 'With 3 seeds the interval is
+    4.30 standard errors wide each way and can reach past ... ' ('' where no arm has two seeds)."""
+    ns = [n for n in seed_counts(runs) if n >= 2]
+    if not ns:
+        return ""
+    widths = [f"{stats.t_quantile(0.975, n - 1):.2f}" for n in ns]
+    text = f"With {ns[0]} seeds the interval is {widths[0]} standard errors wide each way"
+    text += "".join(f", with {n} seeds {w}" for n, w in zip(ns[1:], widths[1:]))
+    return text + "," * (len(ns) > 1) + " and can reach past what the number can take (below 0, above 1). "
+
+
+def comparison_note(sizes):
+    """What a comparison can show at the seed counts it compares: for each (n, m), the smallest
+    two-sided permutation p (arms fully apart) and the range of Welch's t multiplier (its degrees
+    of freedom lie between min(n, m) − 1 and n + m − 2, as the two spreads compare)."""
+    parts = []
+    for n, m in sorted({tuple(sorted(pair, reverse=True)) for pair in sizes}):
+        floor = stats.permutation_p([10.0 + i for i in range(n)], [float(i) for i in range(m)])
+        lo, hi = (stats.t_quantile(0.975, df) for df in (n + m - 2, min(n, m) - 1))
+        parts.append(f"with {n} seeds against {m} the permutation p cannot go below {stats.format_p(floor)}, "
+                     f"and Welch's t multiplier is {lo:.2f} to {hi:.2f} standard errors")
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + ", so an interval can reach past what the number can take (below 0)."
 
 
 def masks_nothing(run, key):
@@ -214,20 +269,19 @@ def comparison_table(runs, last=5):
         text = stats.format_comparison(c)
         return f"**{text}**" if c.resolved else text
     rows = ["| arm − reference | seeds | " + " | ".join(headers) + " |", "|" + "---|" * (2 + len(headers))]
+    sizes = [(len(groups[label]), len(groups[ref])) for label, ref in pairs
+             if len(groups[label]) >= 2 and len(groups[ref]) >= 2]
     for label, ref in pairs:
         n = f"{len(groups[label])} vs {len(groups[ref])}"
         rows.append(f"| {label} − {ref} | {n} | "
                     + " | ".join(cell(values[label][h], values[ref][h]) for h in headers) + " |")
-    k = sorted({r["config"].get("pass_k") for r in runs
-                if any("eval_pass_at_k" in e for e in r["eval"])})
-    note = f" pass@k: k = {', '.join(map(str, k))}, at the sampling temperature." if k else ""
+    k = pass_k(runs)
+    note = f" pass@k: k = {k}, at the sampling temperature." if k else ""
     return ("\n".join(rows) + "\n\nEach cell: the difference of the means over seeds, its 95% interval "
             "(Welch's t), the exact two-sided permutation p over seeds, and the seeds per arm that 80% power "
             "at this difference and spread would need. **Bold**: resolved (the interval excludes 0); "
             "otherwise the seeds cannot tell the arms apart, which does not show them equal. "
-            "With 3 seeds against 3 the permutation p cannot go below 0.10, and the t multiplier is "
-            "4.30 standard errors, so an interval can reach past what the number can take (below 0)."
-            + note + "\n")
+            + comparison_note(sizes) + note + "\n")
 
 
 def machines(runs):

@@ -408,3 +408,62 @@ def test_the_tables_say_which_machines_the_runs_ran_on(tmp_path):
     runs[0]["config"]["machine"] = [record]
     runs[1]["config"]["machine"] = [dict(record, cpu_capability="AVX2"), record]    # resumed elsewhere
     assert tables.machines(runs) == "AMD EPYC (AVX512, 2 cores): 2 runs; not recorded: 1 run"
+
+
+def test_the_notes_under_the_tables_follow_the_seeds_there_are(tmp_path):
+    """The sentences under the tables say what an interval and a p can do at the seed counts the
+    tables hold, not at three seeds always (by hand: t(0.975) is 12.71 at 1 df, 4.30 at 2, 2.78 at
+    4, 2.31 at 8; fully apart, 2 against 2 gives p = 2/C(4, 2) = 0.33, 3 against 3 2/C(6, 3) = 0.10,
+    5 against 5 2/C(10, 5) = 0.0079, 3 against 2 1/C(5, 2) = 0.10)."""
+    assert tables.t_note([]) == ""
+    runs = {s: plots.read_run(make_run(tmp_path, "grpo", s)) for s in (0, 1, 2)}
+    (tmp_path / "tr").mkdir()
+    tr = [plots.read_run(make_run(tmp_path / "tr", "tr_grpo", s)) for s in (0, 1)]
+    assert tables.t_note([runs[0]]) == ""                                      # one seed: the mean alone
+    assert tables.t_note([runs[0], runs[1]]).startswith("With 2 seeds the interval is 12.71 standard errors")
+    assert tables.t_note([*runs.values(), *tr]).startswith(
+        "With 2 seeds the interval is 12.71 standard errors wide each way, with 3 seeds 4.30, and can")
+    assert tables.comparison_note([(3, 3)]).startswith(
+        "With 3 seeds against 3 the permutation p cannot go below 0.10, and Welch's t multiplier is "
+        "2.78 to 4.30 standard errors, so")
+    assert "5 seeds against 5 the permutation p cannot go below 0.0079, and Welch's t multiplier is 2.31 to 2.78" \
+        in tables.comparison_note([(5, 5)])
+    both = tables.comparison_note([(2, 3), (2, 2), (3, 2)])
+    assert both.startswith("With 2 seeds against 2 the permutation p cannot go below 0.33, and Welch's t "
+                           "multiplier is 4.30 to 12.71 standard errors; with 3 seeds against 2 the "
+                           "permutation p cannot go below 0.10, and Welch's t multiplier is 3.18 to 12.71")
+    assert tables.comparison_note([]) == ""
+    assert "With 3 seeds against 2" in tables.comparison_table([*runs.values(), *tr])
+
+
+def test_pass_at_k_is_tabled_where_it_was_logged(tmp_path):
+    """pass@1 and pass@k at the last evaluation get a column each (mean over seeds and interval), and
+    step 0's are given as a mean over all runs; runs that logged none get neither; two k's cannot
+    share a table."""
+    runs = []
+    for s, (p1, pk) in enumerate([(0.25, 0.5), (0.375, 0.75)]):
+        run = make_run(tmp_path, "grpo", s)
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        for i in (0, len(lines) - 1):
+            record = json.loads(lines[i])
+            at_end = i > 0
+            record.update(eval_pass_at_1=p1 if at_end else 0.125, eval_pass_at_k=pk if at_end else 0.25 * (s + 1),
+                          eval_pass_k=8, eval_pass_n=32)
+            lines[i] = json.dumps(record)
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        runs.append(plots.read_run(run))
+    table = tables.summary_table(runs)
+    header, _, row = table.splitlines()[:3]
+    assert header.startswith("| loss | seeds | held-out acc. | strict acc. | pass@1 at the end | pass@8 at the end |")
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # 0.25 and 0.375: mean 0.3125, 12.706 * 0.0625 = 0.794 each way; 0.5 and 0.75: 0.625 +- 1.588
+    assert cells[4:6] == ["0.312 (−0.48 to 1.11)", "0.625 (−0.96 to 2.21)"]
+    assert "pass@1 0.125 (0.12–0.12) and pass@8 0.375 (−1.21 to 1.96) (the mean over all runs" in table
+    assert "8 answers to each of the first 32 held-out problems" in table
+    assert "pass@k: k = 8" in tables.comparison_table(runs + [plots.read_run(make_run(tmp_path, "tr_grpo", 0))])
+    (tmp_path / "plain").mkdir()
+    plain = [plots.read_run(make_run(tmp_path / "plain", "grpo", s)) for s in (0, 1)]
+    assert "pass@" not in tables.summary_table(plain)
+    runs[1]["eval"][-1]["eval_pass_k"] = 4
+    with pytest.raises(SystemExit, match="different k"):
+        tables.summary_table(runs)
