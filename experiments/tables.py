@@ -36,7 +36,8 @@ def summary_table(runs, last=5):
 
     columns = [c for c in columns if c[1] not in ("abs_log_ratio", "kl_mask_frac") or per_run(runs, *c[1:])]
     k = pass_k(runs)
-    sampled = [("pass@1 at the end", "eval_pass_at_1"), (f"pass@{k} at the end", "eval_pass_at_k")] if k else []
+    sampled = ([("pass@1 at the end", "eval_pass_at_1"), (f"pass@{k} at the end", "eval_pass_at_k")]
+               if k else [])
     rows = ["| loss | seeds | held-out acc. | strict acc. | "
             + " | ".join([h for h, _ in sampled] + [c[0] for c in columns]) + " |",
             "|" + "---|" * (4 + len(sampled) + len(columns))]
@@ -51,9 +52,9 @@ def summary_table(runs, last=5):
     start = "; ".join(f"{a:.3f}" + (f" (strict {s:.3f})" if s is not None else "") for a, s in starts)
     if k:      # sampled, so it differs from seed to seed even at step 0: a mean over all runs
         at_0 = lambda key: spread([r["eval"][0][key] for r in runs if r["eval"] and key in r["eval"][0]])
-        start += (f"; pass@1 {at_0('eval_pass_at_1')} and pass@{k} {at_0('eval_pass_at_k')} (the mean over all "
-                  f"runs: sampled, so they differ from seed to seed). pass@1 and pass@{k}: at the sampling "
-                  f"temperature, {k} answers to each of the first {pass_n(runs)} held-out problems")
+        start += (f"; pass@1 {at_0('eval_pass_at_1')} and pass@{k} {at_0('eval_pass_at_k')} (the mean over "
+                  f"all runs: sampled, so they differ from seed to seed). pass@1 and pass@{k}: at the "
+                  f"sampling temperature, {k} answers to each of the first {pass_n(runs)} held-out problems")
     return ("\n".join(rows) + f"\n\nHeld-out accuracy at step 0: {start or '–'}.\n"
             + "\nMean over seeds, and in brackets its 95% interval over seeds (Student t, n − 1 degrees of "
             "freedom; one digit fewer): a run is one sample, never a step. " + t_note(runs)

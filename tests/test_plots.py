@@ -426,8 +426,8 @@ def test_the_notes_under_the_tables_follow_the_seeds_there_are(tmp_path):
     assert tables.comparison_note([(3, 3)]).startswith(
         "With 3 seeds against 3 the permutation p cannot go below 0.10, and Welch's t multiplier is "
         "2.78 to 4.30 standard errors, so")
-    assert "5 seeds against 5 the permutation p cannot go below 0.0079, and Welch's t multiplier is 2.31 to 2.78" \
-        in tables.comparison_note([(5, 5)])
+    assert ("5 seeds against 5 the permutation p cannot go below 0.0079, and Welch's t multiplier is "
+            "2.31 to 2.78") in tables.comparison_note([(5, 5)])
     both = tables.comparison_note([(2, 3), (2, 2), (3, 2)])
     assert both.startswith("With 2 seeds against 2 the permutation p cannot go below 0.33, and Welch's t "
                            "multiplier is 4.30 to 12.71 standard errors; with 3 seeds against 2 the "
@@ -447,20 +447,22 @@ def test_pass_at_k_is_tabled_where_it_was_logged(tmp_path):
         for i in (0, len(lines) - 1):
             record = json.loads(lines[i])
             at_end = i > 0
-            record.update(eval_pass_at_1=p1 if at_end else 0.125, eval_pass_at_k=pk if at_end else 0.25 * (s + 1),
-                          eval_pass_k=8, eval_pass_n=32)
+            record.update(eval_pass_at_1=p1 if at_end else 0.125,
+                          eval_pass_at_k=pk if at_end else 0.25 * (s + 1), eval_pass_k=8, eval_pass_n=32)
             lines[i] = json.dumps(record)
         (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         runs.append(plots.read_run(run))
     table = tables.summary_table(runs)
     header, _, row = table.splitlines()[:3]
-    assert header.startswith("| loss | seeds | held-out acc. | strict acc. | pass@1 at the end | pass@8 at the end |")
+    assert header.startswith(
+        "| loss | seeds | held-out acc. | strict acc. | pass@1 at the end | pass@8 at the end |")
     cells = [c.strip() for c in row.strip("|").split("|")]
     # 0.25 and 0.375: mean 0.3125, 12.706 * 0.0625 = 0.794 each way; 0.5 and 0.75: 0.625 +- 1.588
     assert cells[4:6] == ["0.312 (−0.48 to 1.11)", "0.625 (−0.96 to 2.21)"]
     assert "pass@1 0.125 (0.12–0.12) and pass@8 0.375 (−1.21 to 1.96) (the mean over all runs" in table
     assert "8 answers to each of the first 32 held-out problems" in table
-    assert "pass@k: k = 8" in tables.comparison_table(runs + [plots.read_run(make_run(tmp_path, "tr_grpo", 0))])
+    tr_run = plots.read_run(make_run(tmp_path, "tr_grpo", 0))
+    assert "pass@k: k = 8" in tables.comparison_table(runs + [tr_run])
     (tmp_path / "plain").mkdir()
     plain = [plots.read_run(make_run(tmp_path / "plain", "grpo", s)) for s in (0, 1)]
     assert "pass@" not in tables.summary_table(plain)
