@@ -56,6 +56,8 @@ demo-tiny: setup
 # preset, where the KL term, the ratio and the clip act (docs/figures/active); logs/compare-smol-long:
 # the smol-long preset, 200 steps on a GPU (docs/figures/long). The token viewer (--html): a page
 # per loss for seed 0 of each setting, in pages/ under its figures (seed 0 only: 160-390 KB a page).
+# logs/evidence-smol-active: every arm of smol-active on seeds 0-4 from one code state, with pass@k,
+# drawn as its runs come in (docs/figures/evidence).
 # logs/one-step-smol-active: the one-step lab, every arm's single update on the same 16 batches at two
 # points of training (docs/figures/one-step).
 figures: setup
@@ -65,6 +67,7 @@ figures: setup
 	$(PYTHON) plots.py logs/compare-smol-active/*-s*/ logs/compare-smol-active-controls/*-s*/ \
 	    --out docs/figures/controls --table
 	$(PYTHON) plots.py logs/compare-tiny/*-s*/ --out docs/figures/tiny --table
+	$(PYTHON) plots.py logs/evidence-smol-active/*-s*/ --out docs/figures/evidence --table
 	$(PYTHON) -m experiments.one_step_report logs/one-step-smol-active --out docs/figures/one-step > /dev/null
 	$(PYTHON) plots.py logs/compare-smol/*-s0/ --out docs/figures --html
 	$(PYTHON) plots.py logs/compare-smol-active/*-s0/ --out docs/figures/active --html

@@ -151,12 +151,15 @@ def spiky(values, ratio=10):
 
 def draw_metric(ax, runs, key, smooth):
     title, ylabel = PANELS[key]
-    raw, drawn = [], []
+    raw, drawn, others = [], [], defaultdict(int)
     for loss, group in by_loss(runs):
         color = COLORS.get(group[0]["loss"], "gray")
         control = variant(group[0]) != group[0]["loss"] or (loss != group[0]["loss"]
                                                             and group[0]["config"].get("beta") == 0)
-        style = "--" if control else "-"              # a control (the KL-free run among others): dashed
+        style = "-"                 # the loss solid; a control or another reading of it (the KL-free
+        if control:                 # run among others) dashed, a second one dotted, a third dash-dot
+            style = ["--", ":", "-."][others[group[0]["loss"]] % 3]
+            others[group[0]["loss"]] += 1
         series = []
         for r in group:
             rows = r["eval"] if key == "eval_accuracy" else r["train"]

@@ -319,7 +319,8 @@ CONTROLS = ("grpo-beta0", "tepo-fullkl", "tr_grpo-mean1")       # compare.CONTRO
     (["compare-smol-active"], "figures/active", (LOSSES, (0, 1, 2)), False),
     (["compare-smol-long"], "figures/long", None, True),
     (["compare-tiny"], "figures/tiny", (LOSSES, (0, 1)), True),
-    (["compare-smol-active", "compare-smol-active-controls"], "figures/controls", None, False)])
+    (["compare-smol-active", "compare-smol-active-controls"], "figures/controls", None, False),
+    (["evidence-smol-active"], "figures/evidence", None, False)])    # the runs so far (test_compare.py)
 def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, figures, whole, over_time):
     """`make figures` redraws the README's figures and tables from logs/ alone; each table it
     writes is in docs/results.md (the summary with intervals, each arm against its reference,
@@ -359,10 +360,12 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
 
 def test_the_controls_are_told_apart_from_the_losses(tmp_path):
     """A control's runs (docs/METHODS.md) get a row and a dashed line of their own, in the loss's
-    colour, next to the loss they change: what it changes is in the label."""
+    colour, next to the loss they change: what it changes is in the label; a second control or
+    reading of the same loss is dotted, so that the two are not the same line."""
     configs = [("grpo", {"beta": 0.04}), ("grpo", {"beta": 0.0}), ("tr_grpo", {"beta": 0.04}),
                ("tr_grpo", {"beta": 0.04, "tr_mean_one": True}), ("tepo", {"beta": 0.04}),
-               ("tepo", {"beta": 0.04, "tepo_full_kl_beta": 0.04})]
+               ("tepo", {"beta": 0.04, "tepo_full_kl_beta": 0.04}),
+               ("tepo", {"beta": 0.04, "tepo_token_ratio": True})]
     runs = []
     for i, (loss, extra) in enumerate(configs):
         (tmp_path / str(i)).mkdir()
@@ -371,12 +374,14 @@ def test_the_controls_are_told_apart_from_the_losses(tmp_path):
         (run / "config.json").write_text(json.dumps(dict(config, **extra)))
         runs.append(plots.read_run(run))
     assert [label for label, _ in plots.by_loss(runs)] == [
-        "grpo β=0", "grpo β=0.04", "tr_grpo", "tr_grpo mean-1 w", "tepo", "tepo + full KL"]
+        "grpo β=0", "grpo β=0.04", "tr_grpo", "tr_grpo mean-1 w", "tepo", "tepo + full KL",
+        "tepo token ratio"]
     fig, ax = plt.subplots()
     plots.draw_metric(ax, runs, "entropy", 0.8)
     bold = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
     assert bold["tepo + full KL (1 seed)"].get_linestyle() == "--"
     assert bold["tepo (1 seed)"].get_linestyle() == "-"
+    assert bold["tepo token ratio (1 seed)"].get_linestyle() == ":"            # a second reading of TEPO
     assert bold["grpo β=0 (1 seed)"].get_linestyle() == "--"                  # the KL-free control
     assert bold["grpo β=0.04 (1 seed)"].get_linestyle() == "-"
     assert bold["tepo + full KL (1 seed)"].get_color() == plots.COLORS["tepo"]
