@@ -209,6 +209,25 @@ def test_every_documented_command_names_a_file_of_the_repo():
     assert not missing, "the docs run files that do not exist:\n" + "\n".join(missing)
 
 
+def test_a_file_of_the_repo_is_named_where_it_is():
+    """A path in backticks whose file is one of the repo's names the place it is in now
+    (`benchmarks/tepo_clip.py` after it moved to experiments/benchmarks/). A path whose file the
+    repo does not have (another project's, one a command writes) is not checked."""
+    ours = {}
+    for p in REPO.rglob("*.py"):
+        if not {".venv", "runs", ".git"} & set(p.relative_to(REPO).parts):
+            ours.setdefault(p.name, []).append(p.relative_to(REPO).as_posix())
+    wrong = []
+    for doc in DOCS + sorted(REPO.glob("*/README.md")) + sorted((REPO / "course").glob("*.md")):
+        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for named in re.findall(r"`([\w./-]+/[\w.-]+\.py)`", line):
+                name = named.rsplit("/", 1)[1]
+                if name in ours and name != "__init__.py" and not named.startswith("../") \
+                        and not (REPO / named).exists():
+                    wrong.append(f"{doc.relative_to(REPO)}:{number}: {named} (it is at {ours[name]})")
+    assert not wrong, "the docs name files where they are not:\n" + "\n".join(wrong)
+
+
 @pytest.mark.slow
 def test_every_documented_command_answers_help():
     """Each of them starts from the root and prints its usage: the imports it needs resolve there."""
