@@ -5,9 +5,10 @@
 
 writes entropy.png, grad_norm.png, reward.png, eval_accuracy.png and summary.png (the four in
 one): each seed thin, the mean over seeds bold with its 95% band (the gradient-norm panel on a
-log axis when one step is over 10x the median), and token_weights.png (which tokens each loss
-trusts, on one stored group). --table writes results.md (experiments/tables.py: means with
-intervals over seeds, each arm against GRPO); --html the token viewer (experiments/viewer.py).
+log axis when one step is over 10x the median); families.png where a loss ran beside its controls
+(a column per such loss: its arms and the arm each is compared with); and token_weights.png (which
+tokens each loss trusts, on one stored group). --table writes results.md (experiments/tables.py:
+means with intervals over seeds, each arm against GRPO); --html the token viewer (experiments/viewer.py).
 """
 import argparse
 import json
@@ -219,6 +220,49 @@ def trajectory_figures(runs, out, smooth):
     plt.close(fig)
 
 
+SHORT = {"entropy": "entropy", "grad_norm": "grad norm before clipping", "reward": "reward",
+         "eval_accuracy": "held-out accuracy"}
+
+
+def families(runs):
+    """[(loss, runs)] for each loss run beside a control or another reading of it: those arms
+    and the arm each is compared with (GRPO for the loss, the loss for its controls), so that a
+    comparison is read among three or four lines, not ten. [] where no loss has a control."""
+    from experiments.tables import reference_of
+    groups = dict(by_loss(runs))
+    columns = []
+    for loss in ORDER:
+        labels = [label for label, group in groups.items() if group[0]["loss"] == loss]
+        if len(labels) < 2:
+            continue
+        refs = {reference_of(label, groups[label], groups) for label in labels} - {None}
+        first = sorted(refs, key=lambda label: (label in labels, label))     # GRPO, the loss, the rest
+        column = first + [label for label in labels if label not in refs]
+        columns.append((loss, [r for label in column for r in groups[label]]))
+    return columns
+
+
+def family_figure(columns, path, smooth):
+    """families.png: a column per loss with controls (families()), a row per metric."""
+    fig, axes = plt.subplots(len(SHORT), len(columns), figsize=(4.6 * len(columns), 12), dpi=100,
+                             squeeze=False)
+    for col, (loss, runs) in enumerate(columns):
+        for row, key in enumerate(SHORT):
+            ax = axes[row][col]
+            draw_metric(ax, runs, key, smooth)
+            title = f"{loss} and its controls: {SHORT[key]}" if row == 0 else SHORT[key]
+            ax.set_title(title, fontsize=10)
+            ax.set_ylabel(ax.get_ylabel() if col == 0 else "")
+            if row and ax.get_legend():             # the arms are the same down a column
+                ax.get_legend().remove()
+    fig.suptitle("Each loss beside its controls and other readings, and the arm each is compared with "
+                 "(thin: each seed; bold: the mean over seeds; band: its 95% interval over seeds)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 # ----------------------------------------------------------------------------------------
 # Token weights: the same stored tokens, weighted by each loss
 
@@ -338,6 +382,9 @@ def main(argv=None):
         return 0
     trajectory_figures(runs, out, args.smooth)
     written = [f"{k}.png" for k in PANELS] + ["summary.png"]
+    if columns := families(runs):
+        family_figure(columns, out / "families.png", args.smooth)
+        written.append("families.png")
     first = lambda r: (r["loss"] != "grpo", r["seed"] if isinstance(r["seed"], int) else 1e9, str(r["dir"]))
     for r in sorted(runs, key=first):           # GRPO's lowest seed with stored groups, else the next
         samples = r["dir"] / "samples.jsonl"

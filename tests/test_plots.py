@@ -354,7 +354,8 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
         assert table in results, "docs/results.md table != make figures:\n" + table
     assert "| loss" not in readme       # the README states the results in short, results.md has the tables
     assert written == (repo / "docs" / figures / "results.md").read_text()
-    for name in ["summary.png", "token_weights.png"]:
+    for name in ["summary.png", "token_weights.png"] + ["families.png"] * bool(plots.families(
+            [plots.read_run(r) for r in runs])):
         assert_png(repo / "docs" / figures / name)
 
 
@@ -386,6 +387,35 @@ def test_the_controls_are_told_apart_from_the_losses(tmp_path):
     assert bold["grpo β=0.04 (1 seed)"].get_linestyle() == "-"
     assert bold["tepo + full KL (1 seed)"].get_color() == plots.COLORS["tepo"]
     plt.close(fig)
+
+
+def test_each_loss_with_controls_gets_a_column_of_its_own(tmp_path):
+    """Ten arms in one panel are mud: families.png gives each loss run beside a control or
+    another reading a column, with the arm each is compared with (GRPO for the loss, the loss for
+    its controls) and nothing else. Four plain losses have no column, so no families.png."""
+    configs = [("grpo", {"beta": 0.04}), ("grpo", {"beta": 0.0}), ("tr_grpo", {"beta": 0.04}),
+               ("tr_grpo", {"beta": 0.04, "tr_mean_one": True}), ("cw_grpo", {"beta": 0.04}),
+               ("tepo", {"beta": 0.04}), ("tepo", {"beta": 0.04, "tepo_token_ratio": True})]
+    dirs = []
+    for i, (loss, extra) in enumerate(configs):
+        (tmp_path / str(i)).mkdir()
+        run = make_run(tmp_path / str(i), loss, 0)
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps(dict(config, **extra)))
+        dirs.append(run)
+    runs = [plots.read_run(d) for d in dirs]
+    columns = plots.families(runs)
+    named = [(loss, [plots.variant(r) + f" {r['config']['beta']:g}" for r in arms]) for loss, arms in columns]
+    assert named == [
+        ("grpo", ["grpo 0.04", "grpo 0"]),                      # the KL-free control against GRPO with its KL
+        ("tr_grpo", ["grpo 0.04", "tr_grpo 0.04", "tr_grpo mean-1 w 0.04"]),
+        ("tepo", ["grpo 0.04", "tepo 0.04", "tepo token ratio 0.04"])]         # CW-GRPO has no control here
+    assert plots.main([str(d) for d in dirs] + ["--out", str(tmp_path / "with")]) == 0
+    assert_png(tmp_path / "with" / "families.png")
+    plain = [dirs[i] for i in (0, 2, 4, 5)]
+    assert plots.families([plots.read_run(d) for d in plain]) == []
+    assert plots.main([str(d) for d in plain] + ["--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "families.png").exists()
 
 
 def test_a_damaged_config_or_a_metric_that_is_no_number_is_named_not_a_traceback(tmp_path):
