@@ -167,14 +167,15 @@ QUESTIONS = (
       "switch raises held-out accuracy from {e4_start} to {e4_heldout}."),
     Q("4", "(b)", 2, "1 point: the ranking at the end from the figure or the logs (CW-GRPO highest, "
       "TEPO lowest, GRPO and TR-GRPO between). 1 point: against the seed gaps: only CW-GRPO's gap "
-      "is larger than the two seeds of one loss differ; the others are within it, so two seeds "
-      "cannot rank them.",
+      "is larger than the two seeds of one loss differ, and even that is a lead, not a ranking "
+      "(two seeds against two allow no small p, experiment 5); the others are within it.",
       "Entropy over the last 5 steps, seeds 0 / 1: {e4_entropy_by_loss}. CW-GRPO is highest, TEPO "
       "lowest, GRPO and TR-GRPO between. CW-GRPO's lowest seed is {e4_cw_lead} above the highest "
       "seed of the other three, more than any loss's two seeds differ (at most {e4_seed_gap}), so "
-      "its lead holds on both seeds. The gaps between the means of GRPO, TR-GRPO and TEPO "
-      "({e4_gaps}) are no larger than the gap between two seeds of one loss: two seeds cannot "
-      "order them. (Experiment 5 puts a number on this.)"),
+      "its lead holds on both seeds. That is a lead to test, not a ranking: two seeds against two "
+      "cannot reach a small permutation p even when they do not overlap (experiment 5 (b) works "
+      "out how small). The gaps between the means of GRPO, TR-GRPO and TEPO ({e4_gaps}) are no "
+      "larger than the gap between two seeds of one loss: two seeds cannot order them."),
     Q("4", "(c)", 1, "Half a point each: TR-GRPO's weights 1–1.4 grow with the token's probability "
       "(sharper updates on confident tokens, both ways, about GRPO's entropy here); TEPO's KL only "
       "on the masked tokens leaves most tokens without a leash, and on policy its ratio is 1, so "

@@ -108,6 +108,18 @@ def comparison_note(sizes):
     return text[0].upper() + text[1:] + ", so an interval can reach past what the number can take (below 0)."
 
 
+def multiplicity_note(cells, resolved, level=0.05):
+    """How many of a table's comparisons are resolved, against how many chance alone would give:
+    each interval excludes 0 with probability 5% when the arms do not differ, so of 30 cells about
+    1.5 would be bold with no difference anywhere ('' where no cell has a comparison)."""
+    if not cells:
+        return ""
+    return (f"{resolved} of the {cells} comparisons in this table {'is' if resolved == 1 else 'are'} "
+            f"resolved; if no arm differed from its reference in anything, about {cells * level:.1f} "
+            f"would be by chance ({level:.0%} each), so a lone bold cell is a lead to run again, "
+            "not a finding. ")
+
+
 def masks_nothing(run, key):
     """kl_mask_frac of a run with beta = 0 (older logs have it): the mask multiplied nothing."""
     return key == "kl_mask_frac" and run["config"].get("beta", 1) == 0
@@ -263,10 +275,13 @@ def comparison_table(runs, last=5):
               for label, g in groups.items()}
     headers = [h for h, _ in COMPARED if any(values[lab][h] for pair in pairs for lab in pair)]
 
+    counted = []                      # one bool per cell with a comparison: resolved or not
+
     def cell(a, b):
         if len(a) < 2 or len(b) < 2:
             return "–"
         c = stats.compare(a, b)
+        counted.append(c.resolved)
         text = stats.format_comparison(c)
         return f"**{text}**" if c.resolved else text
     rows = ["| arm − reference | seeds | " + " | ".join(headers) + " |", "|" + "---|" * (2 + len(headers))]
@@ -282,7 +297,7 @@ def comparison_table(runs, last=5):
             "(Welch's t), the exact two-sided permutation p over seeds, and the seeds per arm that 80% power "
             "at this difference and spread would need. **Bold**: resolved (the interval excludes 0); "
             "otherwise the seeds cannot tell the arms apart, which does not show them equal. "
-            + comparison_note(sizes) + note + "\n")
+            + multiplicity_note(len(counted), sum(counted)) + comparison_note(sizes) + note + "\n")
 
 
 def machines(runs):

@@ -469,6 +469,15 @@ def test_the_notes_under_the_tables_follow_the_seeds_there_are(tmp_path):
                            "permutation p cannot go below 0.10, and Welch's t multiplier is 3.18 to 12.71")
     assert tables.comparison_note([]) == ""
     assert "With 3 seeds against 2" in tables.comparison_table([*runs.values(), *tr])
+    assert tables.multiplicity_note(0, 0) == ""
+    assert tables.multiplicity_note(36, 1).startswith(     # 36 × 0.05 = 1.8 by chance alone
+        "1 of the 36 comparisons in this table is resolved; if no arm differed from its reference in "
+        "anything, about 1.8 would be by chance (5% each)")
+    # tr_grpo − grpo, 2 vs 3 seeds: one cell per compared number the runs log (held-out, entropy, grad norm)
+    table = tables.comparison_table([*runs.values(), *tr])
+    row = next(line for line in table.splitlines() if line.startswith("| tr_grpo − grpo"))
+    cells, bold = len(row.split("|")) - 4, row.count("**") // 2
+    assert f"{bold} of the {cells} comparisons in this table" in table
 
 
 def test_pass_at_k_is_tabled_where_it_was_logged(tmp_path):
