@@ -37,6 +37,18 @@ def make_run(root, loss, seed, steps=12, partial=False, samples=True):
     return run
 
 
+def runs_with(root, configs):
+    """A seed-0 run per (loss, config fields), each in a folder of its own: [run dir]."""
+    dirs = []
+    for i, (loss, extra) in enumerate(configs):
+        (root / str(i)).mkdir()
+        run = make_run(root / str(i), loss, 0)
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps(dict(config, **extra)))
+        dirs.append(run)
+    return dirs
+
+
 TOKENS = [["7", "+", "5", "=", "1", "2", "\n", "#", "#", "#", "#", " ", "1", "2", "<|endoftext|>"],
           ["$", "\\", "_", "^", "{", "}", "%", "\n", "#", "#", "#", "#", " ", "9", "<|endoftext|>"],
           ["1", "0", "\n", "\t", "#", "#", "#", "#", " ", "1", "0", "<|endoftext|>", "", "", ""],
@@ -367,13 +379,7 @@ def test_the_controls_are_told_apart_from_the_losses(tmp_path):
                ("tr_grpo", {"beta": 0.04, "tr_mean_one": True}), ("tepo", {"beta": 0.04}),
                ("tepo", {"beta": 0.04, "tepo_full_kl_beta": 0.04}),
                ("tepo", {"beta": 0.04, "tepo_token_ratio": True})]
-    runs = []
-    for i, (loss, extra) in enumerate(configs):
-        (tmp_path / str(i)).mkdir()
-        run = make_run(tmp_path / str(i), loss, 0)
-        config = json.loads((run / "config.json").read_text())
-        (run / "config.json").write_text(json.dumps(dict(config, **extra)))
-        runs.append(plots.read_run(run))
+    runs = [plots.read_run(d) for d in runs_with(tmp_path, configs)]
     assert [label for label, _ in plots.by_loss(runs)] == [
         "grpo β=0", "grpo β=0.04", "tr_grpo", "tr_grpo mean-1 w", "tepo", "tepo + full KL",
         "tepo token ratio"]
@@ -396,13 +402,7 @@ def test_each_loss_with_controls_gets_a_column_of_its_own(tmp_path):
     configs = [("grpo", {"beta": 0.04}), ("grpo", {"beta": 0.0}), ("tr_grpo", {"beta": 0.04}),
                ("tr_grpo", {"beta": 0.04, "tr_mean_one": True}), ("cw_grpo", {"beta": 0.04}),
                ("tepo", {"beta": 0.04}), ("tepo", {"beta": 0.04, "tepo_token_ratio": True})]
-    dirs = []
-    for i, (loss, extra) in enumerate(configs):
-        (tmp_path / str(i)).mkdir()
-        run = make_run(tmp_path / str(i), loss, 0)
-        config = json.loads((run / "config.json").read_text())
-        (run / "config.json").write_text(json.dumps(dict(config, **extra)))
-        dirs.append(run)
+    dirs = runs_with(tmp_path, configs)
     runs = [plots.read_run(d) for d in dirs]
     columns = plots.families(runs)
     named = [(loss, [plots.variant(r) + f" {r['config']['beta']:g}" for r in arms]) for loss, arms in columns]
