@@ -30,11 +30,12 @@ from losses import LOSSES  # noqa: E402
 
 COLORS = {"grpo": "#4C72B0", "tr_grpo": "#DD8452", "cw_grpo": "#55A868", "tepo": "#C44E52"}
 ORDER = list(LOSSES)
-PANELS = {   # metric -> (title, y label)
-    "entropy": ("Policy entropy — a collapse means exploration dies", "nats per token"),
-    "grad_norm": ("Gradient norm before clipping — spikes mean unstable updates", "L2 norm"),
-    "reward": ("Mean reward of the sampled answers", "reward (1 = right, +0.1 format)"),
-    "eval_accuracy": ("Held-out accuracy, greedy decoding", "fraction correct"),
+PANELS = {   # metric -> (title, short name, y label)
+    "entropy": ("Policy entropy — a collapse means exploration dies", "entropy", "nats per token"),
+    "grad_norm": ("Gradient norm before clipping — spikes mean unstable updates",
+                  "grad norm before clipping", "L2 norm"),
+    "reward": ("Mean reward of the sampled answers", "reward", "reward (1 = right, +0.1 format)"),
+    "eval_accuracy": ("Held-out accuracy, greedy decoding", "held-out accuracy", "fraction correct"),
 }
 
 
@@ -151,7 +152,7 @@ def spiky(values, ratio=10):
 
 
 def draw_metric(ax, runs, key, smooth):
-    title, ylabel = PANELS[key]
+    title, _, ylabel = PANELS[key]
     raw, drawn, others = [], [], defaultdict(int)
     for loss, group in by_loss(runs):
         color = COLORS.get(group[0]["loss"], "gray")
@@ -220,10 +221,6 @@ def trajectory_figures(runs, out, smooth):
     plt.close(fig)
 
 
-SHORT = {"entropy": "entropy", "grad_norm": "grad norm before clipping", "reward": "reward",
-         "eval_accuracy": "held-out accuracy"}
-
-
 def families(runs):
     """[(loss, runs)] for each loss run beside a control or another reading of it: those arms
     and the arm each is compared with (GRPO for the loss, the loss for its controls), so that a
@@ -244,13 +241,14 @@ def families(runs):
 
 def family_figure(columns, path, smooth):
     """families.png: a column per loss with controls (families()), a row per metric."""
-    fig, axes = plt.subplots(len(SHORT), len(columns), figsize=(4.6 * len(columns), 12), dpi=100,
+    fig, axes = plt.subplots(len(PANELS), len(columns), figsize=(4.6 * len(columns), 12), dpi=100,
                              squeeze=False)
     for col, (loss, runs) in enumerate(columns):
-        for row, key in enumerate(SHORT):
+        for row, key in enumerate(PANELS):
+            short = PANELS[key][1]
             ax = axes[row][col]
             draw_metric(ax, runs, key, smooth)
-            title = f"{loss} and its controls: {SHORT[key]}" if row == 0 else SHORT[key]
+            title = f"{loss} and its controls: {short}" if row == 0 else short
             ax.set_title(title, fontsize=10)
             ax.set_ylabel(ax.get_ylabel() if col == 0 else "")
             if row and ax.get_legend():             # the arms are the same down a column
