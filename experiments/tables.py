@@ -260,15 +260,26 @@ def reference_of(label, group, groups):
     return (same_beta or [None])[0]
 
 
-def comparison_table(runs, last=5):
+def is_loss_against_grpo(label, ref, groups):
+    """Whether a pair is one of the losses against GRPO (tr_grpo − grpo), not a control or another
+    reading against the arm it changes (tr_grpo mean-1 w − tr_grpo, grpo β=0 − grpo β=0.04)."""
+    run = groups[label][0]
+    return run["loss"] != "grpo" and variant(run) == run["loss"] and groups[ref][0]["loss"] == "grpo"
+
+
+def comparison_table(runs, last=5, losses=None, explain=True):
     """A row per arm against its reference (reference_of): for each number of COMPARED, the
     difference of the means over seeds (arm − reference), its 95% interval (Welch), the exact
     two-sided permutation p over seeds, and the seeds per arm that 80% power at this difference
     would need. Bold where the interval excludes 0 (resolved); '–' where either arm has fewer than
-    two seeds with the number. The pass@k column appears only where runs logged it."""
+    two seeds with the number. The pass@k column appears only where runs logged it.
+    losses: True, only the losses against GRPO; False, only the controls and other readings;
+    None, every pair. explain: the note says what a cell holds (else it points at the table above).
+    "" where there is no such pair."""
     groups = dict(by_loss(runs))
     pairs = [(label, ref) for label, group in groups.items()
-             if (ref := reference_of(label, group, groups)) is not None]
+             if (ref := reference_of(label, group, groups)) is not None
+             and losses in (None, is_loss_against_grpo(label, ref, groups))]
     if not pairs:
         return ""
     values = {label: {h: [v for r in g if (v := f(r, last)) is not None] for h, f in COMPARED}
@@ -293,11 +304,13 @@ def comparison_table(runs, last=5):
                     + " | ".join(cell(values[label][h], values[ref][h]) for h in headers) + " |")
     k = pass_k(runs)
     note = f" pass@k: k = {k}, at the sampling temperature." if k else ""
-    return ("\n".join(rows) + "\n\nEach cell: the difference of the means over seeds, its 95% interval "
-            "(Welch's t), the exact two-sided permutation p over seeds, and the seeds per arm that 80% power "
-            "at this difference and spread would need. **Bold**: resolved (the interval excludes 0); "
-            "otherwise the seeds cannot tell the arms apart, which does not show them equal. "
-            + multiplicity_note(len(counted), sum(counted)) + comparison_note(sizes) + note + "\n")
+    cells = ("Each cell: the difference of the means over seeds, its 95% interval (Welch's t), the "
+             "exact two-sided permutation p over seeds, and the seeds per arm that 80% power at this "
+             "difference and spread would need. **Bold**: resolved (the interval excludes 0); otherwise "
+             "the seeds cannot tell the arms apart, which does not show them equal. " if explain else
+             "Each cell as in the table above; **bold**: resolved. ")
+    return ("\n".join(rows) + "\n\n" + cells + multiplicity_note(len(counted), sum(counted))
+            + comparison_note(sizes) + note + "\n")
 
 
 def machines(runs):
@@ -315,10 +328,12 @@ def machines(runs):
 def results_tables(runs):
     """The text of results.md: the summary per loss, every run's final accuracy, every run's
     dynamics, and (runs evaluated along the way) the table at each evaluation."""
-    comparisons = comparison_table(runs)
+    against_grpo = comparison_table(runs, losses=True)
+    controls = comparison_table(runs, losses=False, explain=not against_grpo)
     table = (summary_table(runs) + f"\nMachines: {machines(runs)}.\n"
-             + ("\nEach arm against GRPO, and each control against its loss:\n\n" + comparisons
-                if comparisons else "")
+             + ("\nEach loss against GRPO:\n\n" + against_grpo if against_grpo else "")
+             + ("\nEach control and other reading against the arm it changes:\n\n" + controls
+                if controls else "")
              + "\nHeld-out accuracy at the end, strict in brackets, seed by seed:\n\n"
              + per_seed_table(runs)
              + "\nRun by run (the gradient norm's smoothness: its mean step-to-step change over its mean,"

@@ -360,8 +360,8 @@ def test_the_readme_results_are_redrawn_from_the_shipped_logs(tmp_path, logs, fi
     losses = {r.name.rsplit("-s", 1)[0] for r in runs}
     per_loss = [t for t in tables if not t.startswith("| arm")]
     assert [len(t.splitlines()) for t in per_loss] == [2 + len(losses)] * (3 + 5 * over_time)
-    compared = [t for t in tables if t.startswith("| arm")]       # every arm against its reference
-    assert len(compared) == 1 and len(compared[0].splitlines()) == 2 + len(losses) - 1
+    compared = [t for t in tables if t.startswith("| arm")]       # the losses, then the controls
+    assert len(compared) in (1, 2) and sum(len(t.splitlines()) - 2 for t in compared) == len(losses) - 1
     for table in tables:
         assert table in results, "docs/results.md table != make figures:\n" + table
     assert "| loss" not in readme       # the README states the results in short, results.md has the tables
@@ -513,3 +513,25 @@ def test_pass_at_k_is_tabled_where_it_was_logged(tmp_path):
     runs[1]["eval"][-1]["eval_pass_k"] = 4
     with pytest.raises(SystemExit, match="different k"):
         tables.summary_table(runs)
+
+
+def test_the_losses_against_grpo_get_a_table_before_the_controls(tmp_path):
+    """results.md puts the headline first: each loss against GRPO in a table of its own, then each
+    control or other reading against the arm it changes (the KL-free GRPO against GRPO with its KL
+    is a control, not a loss); the second note points at the first's for what a cell holds. Runs
+    with no control get the first table alone."""
+    configs = [("grpo", {"beta": 0.04}), ("grpo", {"beta": 0.0}), ("tr_grpo", {"beta": 0.04}),
+               ("tr_grpo", {"beta": 0.04, "tr_mean_one": True}), ("tepo", {"beta": 0.04})]
+    runs = [plots.read_run(d) for d in runs_with(tmp_path, configs)]
+    text = tables.results_tables(runs)
+    first, second = text.index("Each loss against GRPO:"), text.index("Each control and other reading")
+    assert first < second
+    rows = [line.split("|")[1].strip() for line in text.splitlines()
+            if line.startswith("| ") and " − " in line.split("|")[1] and "reference" not in line]
+    assert rows == ["tr_grpo − grpo β=0.04", "tepo − grpo β=0.04",
+                    "grpo β=0 − grpo β=0.04", "tr_grpo mean-1 w − tr_grpo"]
+    assert text.count("Each cell: the difference of the means") == 1
+    assert "Each cell as in the table above" in text[second:]
+    plain = [r for r in runs if plots.variant(r) == r["loss"] and r["config"]["beta"] == 0.04]
+    alone = tables.results_tables(plain)
+    assert "Each loss against GRPO:" in alone and "Each control" not in alone
