@@ -97,6 +97,27 @@ def test_every_result_table_is_one_make_figures_writes():
                            "its own):\n" + "\n".join(stray))
 
 
+# A number quoted with its interval in prose: "−0.305 (−0.52 to −0.09)", "0.188 (0.140 to 0.236)",
+# "0.620 (0.54–0.70)", and the permutation p where one follows.
+QUOTED = re.compile(r"[+−]?\d+\.\d+ \([+−]?\d+\.\d+(?: to |–)[+−]?[\d.]+(?:e[−+]\d+)?\)(?:, p = \d\.\d+)?")
+
+
+def test_every_interval_quoted_in_prose_is_one_make_figures_writes():
+    """A number and its interval quoted in the sentences of the README or docs/results.md are, to
+    the digit, a cell that `make figures` wrote into docs/figures/**/results.md. So a sentence
+    cannot keep a number the logs no longer give (as runs come in, the tables change under it),
+    and a range of seeds is not written as if it were an interval (say "its seeds 0.2 to 0.4")."""
+    written = "".join(path.read_text(encoding="utf-8")
+                      for path in sorted((REPO / "docs" / "figures").rglob("results.md")))
+    stray = []
+    for doc in [REPO / "README.md", REPO / "docs" / "results.md"]:
+        lines = [line for line in doc.read_text(encoding="utf-8").splitlines() if not line.startswith("|")]
+        prose = re.sub(r"\s+", " ", " ".join(lines))           # a quote may break across two lines
+        stray += [f"{doc.name}: {quote}" for quote in QUOTED.findall(prose) if quote not in written]
+    assert not stray, "quoted in prose, written by no table (run make figures, or quote its cell):\n" + \
+        "\n".join(stray)
+
+
 # The repo speaks of its own work: no word of the machines it was once measured on and their terms.
 REMOTE = re.compile(r"\b(leases?|leased|lent|device (calls?|time|tool)|gpu_session|sessions?)\b", re.I)
 
