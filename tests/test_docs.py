@@ -79,13 +79,18 @@ def test_the_readme_teaches_and_keeps_no_history():
 TABLE = re.compile(r"(?m)(?:^\|.*\n)+")      # a Markdown table: consecutive lines starting with |
 
 
+def written_by_make_figures():
+    """The text of each docs/figures/**/results.md, the tables `make figures` writes."""
+    paths = sorted((REPO / "docs" / "figures").rglob("results.md"))
+    return [path.read_text(encoding="utf-8") for path in paths]
+
+
 def test_every_result_table_is_one_make_figures_writes():
     """A result table (a header that begins `| loss`) in the README or docs/results.md is, header to
     last row, one that `make figures` wrote into docs/figures/**/results.md, and
     tests/test_plots.py keeps those equal to what plots.py draws from logs/ now. So no result
     table is typed by hand, and none is left behind when the logs change."""
-    written = {table for path in sorted((REPO / "docs" / "figures").rglob("results.md"))
-               for table in TABLE.findall(path.read_text(encoding="utf-8"))}
+    written = {table for text in written_by_make_figures() for table in TABLE.findall(text)}
     assert written, "no docs/figures/**/results.md: run make figures"
     for doc in [REPO / "README.md", REPO / "docs" / "results.md"]:
         tables = [t for t in TABLE.findall(doc.read_text(encoding="utf-8"))
@@ -99,7 +104,8 @@ def test_every_result_table_is_one_make_figures_writes():
 
 # A number quoted with its interval in prose: "−0.305 (−0.52 to −0.09)", "0.188 (0.140 to 0.236)",
 # "0.620 (0.54–0.70)", and the permutation p where one follows.
-QUOTED = re.compile(r"[+−]?\d+\.\d+ \([+−]?\d+\.\d+(?: to |–)[+−]?[\d.]+(?:e[−+]\d+)?\)(?:, p = \d\.\d+)?")
+QUOTED = re.compile(r"[+−]?\d+\.\d+ \([+−]?\d+\.\d+(?: to |–)[+−]?[\d.]+(?:e[−+]\d+)?\)"
+                    r"(?:, p = \d\.\d+)?")
 
 
 def test_every_interval_quoted_in_prose_is_one_make_figures_writes():
@@ -107,8 +113,7 @@ def test_every_interval_quoted_in_prose_is_one_make_figures_writes():
     the digit, a cell that `make figures` wrote into docs/figures/**/results.md. So a sentence
     cannot keep a number the logs no longer give (as runs come in, the tables change under it),
     and a range of seeds is not written as if it were an interval (say "its seeds 0.2 to 0.4")."""
-    written = "".join(path.read_text(encoding="utf-8")
-                      for path in sorted((REPO / "docs" / "figures").rglob("results.md")))
+    written = "".join(written_by_make_figures())
     stray = []
     for doc in [REPO / "README.md", REPO / "docs" / "results.md"]:
         lines = [line for line in doc.read_text(encoding="utf-8").splitlines() if not line.startswith("|")]
