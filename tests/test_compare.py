@@ -224,6 +224,15 @@ def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
         names.append(name)
     so_far = re.search(r"So far: (.*?)\.\n", (REPO / "logs" / "README.md").read_text(), re.S)[1]
     assert sorted(re.findall(r"`([^`]+)`", so_far)) == sorted(names)
+    # What the docs say has come in, while it is in progress: the count, and the seeds every arm has.
+    seeds = {seed: sum(n.endswith(f"-s{seed}") for n in names) for seed in range(5)}
+    whole = [s for s in range(5) if all(seeds[t] == len(compare.ARMS) for t in range(s + 1))]
+    count = re.search(r"\*\*(\d+) of the (\d+) runs are in\*\*", (REPO / "docs" / "results.md").read_text())
+    if count:
+        assert (int(count[1]), int(count[2])) == (len(names), 5 * len(compare.ARMS))
+    claimed = re.search(r"seeds 0–(\d) are in", (REPO / "README.md").read_text())
+    if claimed:
+        assert whole and int(claimed[1]) == whole[-1] < 4, "the README's seeds so far"
 
 
 def test_controls_run_each_control_with_its_flags_and_the_presets_beta(tmp_path, monkeypatch, capsys):
