@@ -6,6 +6,7 @@ run's final accuracy and dynamics; accuracy and entropy at each evaluation.
 For the reader who compares runs; plots.py calls it, the statistics are experiments/stats.py's.
 """
 import statistics
+from collections import Counter
 
 from experiments import stats
 from plots import by_loss, largest_over_median, moved, variant
@@ -267,6 +268,23 @@ def is_loss_against_grpo(label, ref, groups):
     return run["loss"] != "grpo" and variant(run) == run["loss"] and groups[ref][0]["loss"] == "grpo"
 
 
+def comparisons(runs, last=5, losses=None):
+    """The pairs comparison_table draws, the columns it draws, and each cell's numbers:
+    (pairs, headers, cells), cells[(label, ref, header)] a stats.Comparison, or None where either
+    arm has fewer than two seeds with the number. losses: as in comparison_table."""
+    groups = dict(by_loss(runs))
+    pairs = [(label, ref) for label, group in groups.items()
+             if (ref := reference_of(label, group, groups)) is not None
+             and losses in (None, is_loss_against_grpo(label, ref, groups))]
+    values = {label: {h: [v for r in g if (v := f(r, last)) is not None] for h, f in COMPARED}
+              for label, g in groups.items()}
+    headers = [h for h, _ in COMPARED if any(values[lab][h] for pair in pairs for lab in pair)]
+    cells = {(label, ref, h): stats.compare(a, b) if len(a) >= 2 and len(b) >= 2 else None
+             for label, ref in pairs for h in headers
+             for a, b in [(values[label][h], values[ref][h])]}
+    return pairs, headers, cells
+
+
 def comparison_table(runs, last=5, losses=None, explain=True):
     """A row per arm against its reference (reference_of): for each number of COMPARED, the
     difference of the means over seeds (arm − reference), its 95% interval (Welch), the exact
@@ -276,23 +294,15 @@ def comparison_table(runs, last=5, losses=None, explain=True):
     losses: True, only the losses against GRPO; False, only the controls and other readings;
     None, every pair. explain: the note says what a cell holds (else it points at the table above).
     "" where there is no such pair."""
-    groups = dict(by_loss(runs))
-    pairs = [(label, ref) for label, group in groups.items()
-             if (ref := reference_of(label, group, groups)) is not None
-             and losses in (None, is_loss_against_grpo(label, ref, groups))]
+    pairs, headers, cells = comparisons(runs, last, losses)
     if not pairs:
         return ""
-    values = {label: {h: [v for r in g if (v := f(r, last)) is not None] for h, f in COMPARED}
-              for label, g in groups.items()}
-    headers = [h for h, _ in COMPARED if any(values[lab][h] for pair in pairs for lab in pair)]
+    groups = dict(by_loss(runs))
+    counted = [c.resolved for c in cells.values() if c is not None]
 
-    counted = []                      # one bool per cell with a comparison: resolved or not
-
-    def cell(a, b):
-        if len(a) < 2 or len(b) < 2:
+    def cell(c):
+        if c is None:
             return "–"
-        c = stats.compare(a, b)
-        counted.append(c.resolved)
         text = stats.format_comparison(c)
         return f"**{text}**" if c.resolved else text
     rows = ["| arm − reference | seeds | " + " | ".join(headers) + " |", "|" + "---|" * (2 + len(headers))]
@@ -301,28 +311,56 @@ def comparison_table(runs, last=5, losses=None, explain=True):
     for label, ref in pairs:
         n = f"{len(groups[label])} vs {len(groups[ref])}"
         rows.append(f"| {label} − {ref} | {n} | "
-                    + " | ".join(cell(values[label][h], values[ref][h]) for h in headers) + " |")
+                    + " | ".join(cell(cells[label, ref, h]) for h in headers) + " |")
     k = pass_k(runs)
     note = f" pass@k: k = {k}, at the sampling temperature." if k else ""
-    cells = ("Each cell: the difference of the means over seeds, its 95% interval (Welch's t), the "
-             "exact two-sided permutation p over seeds, and the seeds per arm that 80% power at this "
-             "difference and spread would need. **Bold**: resolved (the interval excludes 0); otherwise "
-             "the seeds cannot tell the arms apart, which does not show them equal. " if explain else
-             "Each cell as in the table above; **bold**: resolved. ")
-    return ("\n".join(rows) + "\n\n" + cells + multiplicity_note(len(counted), sum(counted))
+    explained = ("Each cell: the difference of the means over seeds, its 95% interval (Welch's t), the "
+                 "exact two-sided permutation p over seeds, and the seeds per arm that 80% power at this "
+                 "difference and spread would need. **Bold**: resolved (the interval excludes 0); otherwise "
+                 "the seeds cannot tell the arms apart, which does not show them equal. " if explain else
+                 "Each cell as in the table above; **bold**: resolved. ")
+    return ("\n".join(rows) + "\n\n" + explained + multiplicity_note(len(counted), sum(counted))
             + comparison_note(sizes) + note + "\n")
+
+
+def machine_of(run):
+    """The machine a run ended on, from config.json's record (older runs have none):
+    'AMD EPYC (AVX512, 2 cores)', a GPU's name, or 'not recorded'."""
+    record = (run["config"].get("machine") or [None])[-1]
+    return ("not recorded" if not record else record["gpu"] or
+            f"{record['cpu']} ({record['cpu_capability']}, {record['cores']} cores)")
 
 
 def machines(runs):
     """Which CPUs (or GPUs) the runs ran on, from the machine record config.json keeps (older runs
     have none): 'AMD EPYC (AVX512, 2 cores): 10 runs; not recorded: 12 runs'."""
-    seen = {}
-    for r in runs:
-        record = (r["config"].get("machine") or [None])[-1]
-        name = ("not recorded" if not record else record["gpu"] or
-                f"{record['cpu']} ({record['cpu_capability']}, {record['cores']} cores)")
-        seen[name] = seen.get(name, 0) + 1
+    seen = Counter(machine_of(r) for r in runs)
     return "; ".join(f"{name}: {n} run{'s' * (n > 1)}" for name, n in seen.items())
+
+
+def machine_check(runs, last=5):
+    """Whether the comparisons' verdicts lean on the runs of a less common machine: where the runs
+    ran on more than one, the cells resolved with every run against those resolved with the most
+    common machine's runs alone (its arms then have fewer seeds, so a cell can also drop for want
+    of them). '' where one machine ran them all."""
+    kinds = Counter(machine_of(r) for r in runs)
+    if len(kinds) < 2:
+        return ""
+    main, n = kinds.most_common(1)[0]
+
+    def resolved(some):
+        return {key for key, c in comparisons(some, last)[2].items() if c is not None and c.resolved}
+
+    def named(keys):
+        return "; ".join(f"{label} − {ref}, {header}" for label, ref, header in sorted(keys))
+    every, alone = resolved(runs), resolved([r for r in runs if machine_of(r) == main])
+    text = f"With only the {n} runs on {main}, the other {len(runs) - n} left out (and their seeds with them), "
+    if every == alone:
+        k = len(every)
+        return text + f"the same {k} comparison{'s' * (k != 1)} {'is' if k == 1 else 'are'} resolved."
+    return (text + f"{len(every & alone)} of the {len(every)} comparisons resolved with every run stay resolved"
+            + (f"; no longer resolved: {named(every - alone)}" if every - alone else "")
+            + (f"; resolved only then: {named(alone - every)}" if alone - every else "") + ".")
 
 
 def results_tables(runs):
@@ -330,7 +368,8 @@ def results_tables(runs):
     dynamics, and (runs evaluated along the way) the table at each evaluation."""
     against_grpo = comparison_table(runs, losses=True)
     controls = comparison_table(runs, losses=False, explain=not against_grpo)
-    table = (summary_table(runs) + f"\nMachines: {machines(runs)}.\n"
+    check = machine_check(runs)
+    table = (summary_table(runs) + f"\nMachines: {machines(runs)}.{' ' + check if check else ''}\n"
              + ("\nEach loss against GRPO:\n\n" + against_grpo if against_grpo else "")
              + ("\nEach control and other reading against the arm it changes:\n\n" + controls
                 if controls else "")

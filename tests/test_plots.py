@@ -445,6 +445,35 @@ def test_the_tables_say_which_machines_the_runs_ran_on(tmp_path):
     assert tables.machines(runs) == "AMD EPYC (AVX512, 2 cores): 2 runs; not recorded: 1 run"
 
 
+def test_the_tables_say_whether_a_verdict_leans_on_the_less_common_machine(tmp_path):
+    """Where runs ran on two machines, the note under Machines compares the cells resolved with
+    every run and with the most common machine's runs alone. tr_grpo's held-out accuracy 0.60/0.62
+    against grpo's 0.50/0.52/0.48/0.51 is resolved (+0.1075, Welch's interval +0.06 to +0.15); left
+    with one seed of tr_grpo, the cell has no interval."""
+    record = dict(cpu="AMD EPYC", cpu_capability="AVX512", cores=2, torch="2.13.0", gpu=None, from_step=0)
+    runs = []
+    for loss, accuracies in [("grpo", (0.50, 0.52, 0.48, 0.51)), ("tr_grpo", (0.60, 0.62))]:
+        (tmp_path / loss).mkdir()
+        for seed, accuracy in enumerate(accuracies):
+            run = plots.read_run(make_run(tmp_path / loss, loss, seed))
+            run["eval"][-1]["eval_accuracy"] = accuracy
+            run["config"]["machine"] = [record]
+            runs.append(run)
+    assert tables.machine_check(runs) == ""                                  # one machine: nothing to say
+    held_out = ("tr_grpo", "grpo", "held-out acc. at the end")
+    c = tables.comparisons(runs)[2][held_out]
+    assert c.resolved and (round(c.diff, 4), round(c.lo, 2), round(c.hi, 2)) == (0.1075, 0.06, 0.15)
+    runs[-1]["config"]["machine"] = [dict(record, cpu_capability="AVX2")]    # tr_grpo seed 1 elsewhere
+    check = tables.machine_check(runs)
+    assert check.startswith("With only the 5 runs on AMD EPYC (AVX512, 2 cores), the other 1 left out")
+    assert "no longer resolved: tr_grpo − grpo, held-out acc. at the end" in check
+    assert tables.comparisons([r for r in runs if r is not runs[-1]])[2][held_out] is None
+    assert check in tables.results_tables(runs)
+    runs[-1]["config"]["machine"] = [record]
+    runs[3]["config"]["machine"] = [dict(record, cpu_capability="AVX2")]     # grpo seed 3: then 2 vs 3
+    assert tables.machine_check(runs).endswith("the same 1 comparison is resolved.")
+
+
 def test_the_notes_under_the_tables_follow_the_seeds_there_are(tmp_path):
     """The sentences under the tables say what an interval and a p can do at the seed counts the
     tables hold, not at three seeds always (by hand: t(0.975) is 12.71 at 1 df, 4.30 at 2, 2.78 at
