@@ -57,7 +57,7 @@ demo-tiny: setup
 # the smol-long preset, 200 steps on a GPU (docs/figures/long). The token viewer (--html): a page
 # per loss for seed 0 of each setting, in pages/ under its figures (seed 0 only: 160-390 KB a page).
 # logs/evidence-smol-active: every arm of smol-active on seeds 0-4 from one code state, with pass@k,
-# drawn as its runs come in (docs/figures/evidence).
+# drawn into docs/figures/evidence.
 # logs/one-step-smol-active: the one-step lab, every arm's single update on the same 16 batches at two
 # points of training (docs/figures/one-step).
 figures: setup

@@ -354,11 +354,13 @@ def machine_check(runs, last=5):
     def named(keys):
         return "; ".join(f"{label} − {ref}, {header}" for label, ref, header in sorted(keys))
     every, alone = resolved(runs), resolved([r for r in runs if machine_of(r) == main])
-    text = f"With only the {n} runs on {main}, the other {len(runs) - n} left out (and their seeds with them), "
+    text = (f"With only the {n} runs on {main}, the other {len(runs) - n} left out "
+            "(and their seeds with them), ")
     if every == alone:
         k = len(every)
         return text + f"the same {k} comparison{'s' * (k != 1)} {'is' if k == 1 else 'are'} resolved."
-    return (text + f"{len(every & alone)} of the {len(every)} comparisons resolved with every run stay resolved"
+    return (text + f"{len(every & alone)} of the {len(every)} comparisons resolved with every run "
+            "stay resolved"
             + (f"; no longer resolved: {named(every - alone)}" if every - alone else "")
             + (f"; resolved only then: {named(alone - every)}" if alone - every else "") + ".")
 

@@ -8,11 +8,12 @@ import json
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from experiments import compare
+from experiments import compare, tables
 import plots
 import train
 from losses import LOSSES
@@ -200,7 +201,9 @@ def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
     """logs/evidence-smol-active (added as they finish): each run is an arm of compare.ARMS at
     smol-active with exactly that arm's flags, its seed and one thread, nothing else changed; it
     reached step 15 with pass@8 at the first and the last evaluation, and names its machine. The
-    commit they all ran from is in CODE_STATE, and logs/README.md lists exactly the runs there."""
+    commit they all ran from is in CODE_STATE, and logs/README.md lists exactly the runs there. What
+    the README says of them (the seeds in, the machines and whether a verdict rests on the less common
+    one) matches the runs."""
     folder = REPO / "logs" / "evidence-smol-active"
     runs = [plots.read_run(p) for p in sorted(folder.glob("*-s*"))]
     if not runs:
@@ -222,7 +225,8 @@ def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
             [(0, 200, 8, 32), (15, 200, 8, 32)], name
         assert cfg["machine"] and all(m["cpu"] and m["torch"] for m in cfg["machine"]), name
         names.append(name)
-    so_far = re.search(r"So far: (.*?)\.\n", (REPO / "logs" / "README.md").read_text(), re.S)[1]
+    listed = (REPO / "logs" / "README.md").read_text()
+    so_far = re.search(r"(?:So far|All \d+ are here): (.*?)\.\n", listed, re.S)[1]
     assert sorted(re.findall(r"`([^`]+)`", so_far)) == sorted(names)
     # What the docs say has come in, while it is in progress: the count, and the seeds every arm has.
     seeds = {seed: sum(n.endswith(f"-s{seed}") for n in names) for seed in range(5)}
@@ -234,6 +238,11 @@ def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
     claimed = re.search(r"seeds 0–(\d) are in", readme)
     if claimed:
         assert whole and int(claimed[1]) == whole[-1] < 4, "the README's seeds so far"
+    split = re.search(r"(\d+) runs on one CPU, (\d+) on another; no verdict rests on those", readme)
+    if split:                    # the README's word for tables.machine_check: nothing resolved only with them
+        kinds = Counter(tables.machine_of(r) for r in runs)
+        assert sorted(kinds.values(), reverse=True) == [int(split[1]), int(split[2])]
+        assert "no longer resolved" not in tables.machine_check(runs)
     to_come = re.search(r"seed 4 of (\w+) arms? (?:is|are) still to come", readme)
     if to_come:
         words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
