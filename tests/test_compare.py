@@ -198,7 +198,7 @@ def test_the_shipped_long_runs_are_whole_and_comparable():
 
 
 def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
-    """logs/evidence-smol-active (added as they finish): each run is an arm of compare.ARMS at
+    """logs/evidence-smol-active holds every arm of compare.ARMS on seeds 0-4; each run is that arm at
     smol-active with exactly that arm's flags, its seed and one thread, nothing else changed; it
     reached step 15 with pass@8 at the first and the last evaluation, and names its machine. The
     commit they all ran from is in CODE_STATE, and logs/README.md lists exactly the runs there. What
@@ -228,6 +228,7 @@ def test_the_shipped_evidence_runs_are_whole_and_from_one_code_state():
     listed = (REPO / "logs" / "README.md").read_text()
     so_far = re.search(r"(?:So far|All \d+ are here): (.*?)\.\n", listed, re.S)[1]
     assert sorted(re.findall(r"`([^`]+)`", so_far)) == sorted(names)
+    assert sorted(names) == sorted(f"{arm}-s{seed}" for arm in compare.ARMS for seed in range(5))
     # What the docs say has come in, while it is in progress: the count, and the seeds every arm has.
     seeds = {seed: sum(n.endswith(f"-s{seed}") for n in names) for seed in range(5)}
     whole = [s for s in range(5) if all(seeds[t] == len(compare.ARMS) for t in range(s + 1))]
